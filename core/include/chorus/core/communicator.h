@@ -1,0 +1,152 @@
+// A process group's collectives on raw buffers (pointer, element count, dtype).
+//
+// Every call is collective over the group unless it says otherwise: all ranks make the same
+// calls in the same order with the same dtype, counts, op and root. Breaking that raises
+// CollectiveMismatch on every rank instead of hanging; bad arguments on one rank raise
+// InvalidArgument on every rank; a peer that never arrives raises TimeoutError naming it at the
+// deadline; a peer that dies raises PeerFailure naming it within seconds. After TimeoutError,
+// PeerFailure or CollectiveMismatch the communicator is aborted and every later call rethrows
+// that error at once.
+//
+// In place: pass the same buffer as in and out (all_reduce, reduce, all_to_all), or the
+// rank's own block of the other buffer (all_gather(_v)/gather(_v): in == out + displacement of
+// this rank; scatter/reduce_scatter: out == in + rank * count). Any other overlap of in and out
+// is an InvalidArgument. Results are bitwise identical on every rank.
+//
+// Calls from several threads are serialized; the order in which they reach the group is the
+// order every rank must follow. Async variants run on one executor thread per communicator, in
+// submission order; a blocking call first waits for the pending async ones. Buffers must stay
+// alive until the returned Work completes.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "chorus/core/dtype.h"
+#include "chorus/core/store.h"
+#include "chorus/core/work.h"
+
+namespace chorus {
+
+class Backend;
+struct Call;
+
+struct CommunicatorOptions {
+  std::string backend = "auto";  // "auto" (CHORUS_BACKEND, else the first that can serve) or "shm"
+  std::chrono::milliseconds timeout = std::chrono::minutes(30);  // default deadline of each call
+  std::string name = "world";    // appears in every message about this group
+  size_t shm_chunk_bytes = 0;    // 0: CHORUS_SHM_CHUNK_BYTES or its default
+};
+
+using Timeout = std::optional<std::chrono::milliseconds>;
+
+class Communicator {
+ public:
+  // Collective over `size` processes that pass the same store (or stores of one server) and
+  // distinct ranks. Blocks until all have joined or the timeout passes (TimeoutError naming the
+  // absent ranks). Throws InvalidArgument for a bad rank/size or backend name.
+  static std::shared_ptr<Communicator> create(std::shared_ptr<Store> store, int rank, int size,
+                                              CommunicatorOptions options = {});
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string& name() const { return options_.name; }
+  std::string backend_name() const;
+  std::chrono::milliseconds timeout() const { return options_.timeout; }
+
+  // out[i] = in_0[i] op in_1[i] op ... (rank order). count elements each.
+  void all_reduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op, Timeout timeout = {});
+  // buf of root goes to every rank's buf.
+  void broadcast(void* buf, size_t count, DataType dtype, int root, Timeout timeout = {});
+  // Like all_reduce, result on root only (out may be null elsewhere).
+  void reduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op, int root, Timeout timeout = {});
+  // out (size() * count) = every rank's in, in rank order.
+  void all_gather(const void* in, void* out, size_t count, DataType dtype, Timeout timeout = {});
+  // Uneven: rank p contributes counts[p] elements; out holds their concatenation.
+  void all_gather_v(const void* in, void* out, const std::vector<size_t>& counts, DataType dtype,
+                    Timeout timeout = {});
+  void gather(const void* in, void* out, size_t count, DataType dtype, int root, Timeout timeout = {});
+  void gather_v(const void* in, void* out, const std::vector<size_t>& counts, DataType dtype, int root,
+                Timeout timeout = {});
+  // Root's in holds size() blocks of count; rank q receives block q in out.
+  void scatter(const void* in, void* out, size_t count, DataType dtype, int root, Timeout timeout = {});
+  // in holds size() blocks of count; rank q receives the reduction of everyone's block q.
+  void reduce_scatter(const void* in, void* out, size_t count, DataType dtype, ReduceOp op, Timeout timeout = {});
+  // in and out hold size() blocks of count; block q of in goes to rank q, block p of out
+  // comes from rank p.
+  void all_to_all(const void* in, void* out, size_t count, DataType dtype, Timeout timeout = {});
+  void all_to_all_v(const void* in, const std::vector<size_t>& send_counts, void* out,
+                    const std::vector<size_t>& recv_counts, DataType dtype, Timeout timeout = {});
+  // Point to point, not collective. Messages from one rank to another match in order; a recv
+  // whose tag, dtype or count differs from the next message raises CollectiveMismatch on both.
+  // send returns once the data is handed over (small messages do not wait for the receiver).
+  void send(const void* buf, size_t count, DataType dtype, int dst, int tag = 0, Timeout timeout = {});
+  void recv(void* buf, size_t count, DataType dtype, int src, int tag = 0, Timeout timeout = {});
+  void barrier(Timeout timeout = {});
+  // Collective over this group: a new group of `ranks` (their order gives the new ranks).
+  // Returns null on ranks not in the list. Groups live independently.
+  std::shared_ptr<Communicator> split(const std::vector<int>& ranks, Timeout timeout = {});
+
+  std::shared_ptr<Work> all_reduce_async(const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
+                                         Timeout timeout = {});
+  std::shared_ptr<Work> broadcast_async(void* buf, size_t count, DataType dtype, int root, Timeout timeout = {});
+  std::shared_ptr<Work> reduce_async(const void* in, void* out, size_t count, DataType dtype, ReduceOp op, int root,
+                                     Timeout timeout = {});
+  std::shared_ptr<Work> all_gather_async(const void* in, void* out, size_t count, DataType dtype,
+                                         Timeout timeout = {});
+  std::shared_ptr<Work> all_gather_v_async(const void* in, void* out, std::vector<size_t> counts, DataType dtype,
+                                           Timeout timeout = {});
+  std::shared_ptr<Work> gather_async(const void* in, void* out, size_t count, DataType dtype, int root,
+                                     Timeout timeout = {});
+  std::shared_ptr<Work> gather_v_async(const void* in, void* out, std::vector<size_t> counts, DataType dtype,
+                                       int root, Timeout timeout = {});
+  std::shared_ptr<Work> scatter_async(const void* in, void* out, size_t count, DataType dtype, int root,
+                                      Timeout timeout = {});
+  std::shared_ptr<Work> reduce_scatter_async(const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
+                                             Timeout timeout = {});
+  std::shared_ptr<Work> all_to_all_async(const void* in, void* out, size_t count, DataType dtype,
+                                         Timeout timeout = {});
+  std::shared_ptr<Work> all_to_all_v_async(const void* in, std::vector<size_t> send_counts, void* out,
+                                           std::vector<size_t> recv_counts, DataType dtype, Timeout timeout = {});
+  std::shared_ptr<Work> send_async(const void* buf, size_t count, DataType dtype, int dst, int tag = 0,
+                                   Timeout timeout = {});
+  std::shared_ptr<Work> recv_async(void* buf, size_t count, DataType dtype, int src, int tag = 0,
+                                   Timeout timeout = {});
+  std::shared_ptr<Work> barrier_async(Timeout timeout = {});
+
+ private:
+  Communicator(std::shared_ptr<Store> store, int rank, int size, CommunicatorOptions options);
+  void run(Call& call, Timeout timeout);  // the one path every call takes
+  std::shared_ptr<Work> submit(std::function<void()> fn);
+  void drain();  // waits until no async call is queued or running
+  void executor_loop();
+
+  std::shared_ptr<Store> store_;
+  int rank_, size_;
+  CommunicatorOptions options_;
+  std::unique_ptr<Backend> backend_;
+  std::mutex call_mu_;         // one call at a time reaches the backend
+  std::exception_ptr failed_;  // set once aborted
+  int splits_ = 0;
+
+  std::mutex queue_mu_;
+  std::condition_variable queue_cv_;
+  std::deque<std::pair<std::function<void()>, std::shared_ptr<Work>>> queue_;
+  size_t busy_ = 0;  // queued + running
+  bool stopping_ = false;
+  std::thread executor_;
+};
+
+}  // namespace chorus

@@ -1,0 +1,44 @@
+// Every CHORUS_* setting, read from the process environment in one place (settings.cc).
+//
+//   CHORUS_TIMEOUT_MS          default deadline of every blocking call (overrides the group's)
+//   CHORUS_STORE_TIMEOUT_MS    deadline of store connects and waits (default 300000)
+//   CHORUS_BACKEND             backend when the caller says "auto": auto | shm
+//   CHORUS_SHM_CHUNK_BYTES     size of each rank's shared-memory slot (default 262144); small
+//                              values force the multi-chunk paths
+//   CHORUS_SHM_SPIN            busy-wait rounds before yielding (default: 4000, or 50 when
+//                              ranks outnumber cores)
+//   CHORUS_LOG_LEVEL           0 quiet (default), 1 info, 2 debug; on stderr
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <map>
+#include <optional>
+#include <string>
+
+namespace chorus {
+
+using EnvMap = std::map<std::string, std::string>;
+
+// A snapshot of this process's environment variables.
+EnvMap current_environment();
+
+struct Settings {
+  std::optional<std::chrono::milliseconds> timeout;
+  std::chrono::milliseconds store_timeout{std::chrono::minutes(5)};
+  std::string backend = "auto";
+  size_t shm_chunk_bytes = 256 * 1024;
+  std::optional<int> shm_spin;
+  int log_level = 0;
+};
+
+// Parses the CHORUS_* entries of `env`. Throws InvalidArgument naming a malformed variable.
+Settings read_settings(const EnvMap& env);
+
+// The process's settings, read once on first use. Thread-safe.
+const Settings& settings();
+
+// Integer environment variable or nullopt; throws InvalidArgument naming it when malformed.
+std::optional<long long> env_int(const EnvMap& env, const std::string& name);
+
+}  // namespace chorus

@@ -1,0 +1,34 @@
+// The handle of an asynchronous operation (modeled on c10d's Work).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <optional>
+
+namespace chorus {
+
+class Work {
+ public:
+  // Blocks until the operation finished, then rethrows its error if it failed. With a timeout,
+  // throws TimeoutError if it has not finished by then (the operation itself goes on).
+  void wait(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+  // Non-blocking: has the operation finished (successfully or not)?
+  bool is_completed() const;
+  // Non-blocking: finished without error.
+  bool is_success() const;
+  // Non-blocking: the operation's error, or null while it runs or when it succeeded.
+  std::exception_ptr exception() const;
+
+  // For the executor: marks the operation finished. Thread-safe; wakes waiters.
+  void finish(std::exception_ptr error);
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+}  // namespace chorus

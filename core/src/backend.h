@@ -1,0 +1,35 @@
+// What a communication engine implements. The Communicator validates arguments, owns deadlines,
+// the async executor and the aborted state; a backend only moves and reduces bytes.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "call.h"
+
+namespace chorus {
+
+class Store;
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  // Runs one call on the calling thread. Blocks until this rank's part is done. Throws
+  // InvalidArgument (call.invalid, or another rank's), TimeoutError, PeerFailure or
+  // CollectiveMismatch; after the last three the backend stays unusable.
+  virtual void run(const Call& call) = 0;
+  // Marks this rank as gone for its peers, so they fail fast instead of waiting.
+  virtual void abort(const std::exception_ptr& cause) = 0;
+};
+
+struct BackendOptions {
+  std::string group_name;
+  size_t shm_chunk_bytes = 0;
+  Clock::time_point deadline;  // for the rendezvous
+};
+
+// The shared-memory engine; every rank must be on this host. Collective over `size` ranks.
+std::unique_ptr<Backend> make_shm_backend(Store& store, int rank, int size, const BackendOptions& options);
+
+}  // namespace chorus

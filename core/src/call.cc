@@ -1,0 +1,52 @@
+#include "call.h"
+
+#include "chorus/core/error.h"
+
+namespace chorus {
+
+std::string_view to_string(OpKind kind) {
+  switch (kind) {
+    case OpKind::Barrier: return "barrier";
+    case OpKind::AllReduce: return "all_reduce";
+    case OpKind::Broadcast: return "broadcast";
+    case OpKind::Reduce: return "reduce";
+    case OpKind::AllGather: return "all_gather";
+    case OpKind::AllGatherV: return "all_gather_v";
+    case OpKind::Gather: return "gather";
+    case OpKind::GatherV: return "gather_v";
+    case OpKind::Scatter: return "scatter";
+    case OpKind::ReduceScatter: return "reduce_scatter";
+    case OpKind::AllToAll: return "all_to_all";
+    case OpKind::AllToAllV: return "all_to_all_v";
+    case OpKind::Send: return "send";
+    case OpKind::Recv: return "recv";
+    case OpKind::Split: return "split";
+  }
+  return "unknown call";
+}
+
+std::string describe(OpKind kind, DataType dtype, ReduceOp op, int root, uint64_t count) {
+  std::string s = std::string(to_string(kind));
+  switch (kind) {
+    case OpKind::Barrier: return s + "()";
+    case OpKind::Split: return detail::concat(s, "(", count, " ranks)");
+    default: break;
+  }
+  s += detail::concat("(", to_string(dtype));
+  if (kind != OpKind::AllGatherV && kind != OpKind::GatherV && kind != OpKind::AllToAllV) s += detail::concat(" x ", count);
+  if (kind == OpKind::AllReduce || kind == OpKind::Reduce || kind == OpKind::ReduceScatter) s += detail::concat(", ", to_string(op));
+  if (kind == OpKind::Broadcast || kind == OpKind::Reduce || kind == OpKind::Gather || kind == OpKind::GatherV ||
+      kind == OpKind::Scatter)
+    s += detail::concat(", root ", root);
+  return s + ")";
+}
+
+std::string describe(const Call& c) {
+  std::string s = describe(c.kind, c.dtype, c.op, c.root, c.count);
+  if (c.kind == OpKind::Send || c.kind == OpKind::Recv)
+    s = detail::concat(to_string(c.kind), "(", to_string(c.dtype), " x ", c.count, ", ",
+                       c.kind == OpKind::Send ? "to" : "from", " rank ", c.root, ", tag ", c.tag, ")");
+  return s;
+}
+
+}  // namespace chorus

@@ -1,0 +1,47 @@
+// One collective or point-to-point call as the Communicator hands it to a backend: validated
+// arguments plus the deadline. Backends never see torch, only these.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "chorus/core/dtype.h"
+
+namespace chorus {
+
+enum class OpKind : uint8_t {
+  Barrier = 1, AllReduce, Broadcast, Reduce, AllGather, AllGatherV, Gather, GatherV, Scatter,
+  ReduceScatter, AllToAll, AllToAllV, Send, Recv, Split,
+};
+std::string_view to_string(OpKind kind);
+
+using Clock = std::chrono::steady_clock;
+
+struct Call {
+  OpKind kind = OpKind::Barrier;
+  DataType dtype = DataType::UInt8;
+  ReduceOp op = ReduceOp::Sum;
+  int root = 0;           // broadcast/reduce/gather/scatter; peer for send/recv
+  int tag = 0;            // send/recv
+  uint64_t count = 0;     // elements per rank (the meaning each collective documents)
+  const void* in = nullptr;
+  void* out = nullptr;
+  // AllGatherV/GatherV: elements of every rank. AllToAllV: send counts (per destination).
+  // Split: the member ranks.
+  std::vector<uint64_t> counts;
+  std::vector<uint64_t> recv_counts;  // AllToAllV only (per source)
+  Clock::time_point start;
+  Clock::time_point deadline;
+  // Non-empty when this rank's arguments were rejected: the backend still meets the others in
+  // the call's first step so that every rank raises InvalidArgument, then throws this text.
+  std::string invalid;
+};
+
+// "all_reduce(f32 x 1000, sum)" — how calls appear in error messages.
+std::string describe(OpKind kind, DataType dtype, ReduceOp op, int root, uint64_t count);
+std::string describe(const Call& call);
+
+}  // namespace chorus

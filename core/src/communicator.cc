@@ -1,0 +1,488 @@
+#include "chorus/core/communicator.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <set>
+
+#include "backend.h"
+#include "chorus/core/error.h"
+#include "chorus/core/prefix_store.h"
+#include "chorus/core/settings.h"
+
+namespace chorus {
+
+namespace {
+
+std::string host_identity() {
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  return std::string(host) + " " + boot;
+}
+
+bool overlaps(const void* a, size_t na, const void* b, size_t nb) {
+  auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
+  return na && nb && pa < pb + nb && pb < pa + na;
+}
+
+// Collects the first problem with a call's arguments, in words that say what to do.
+class Checker {
+ public:
+  Checker(Call& c, const Communicator& comm) : c_(c), comm_(comm) {}
+  void fail(const std::string& why) {
+    if (c_.invalid.empty())
+      c_.invalid = detail::concat(describe(c_), " on group '", comm_.name(), "' (rank ", comm_.rank(), "): ", why);
+  }
+  void dtype() {
+    if (uint8_t(c_.dtype) > uint8_t(DataType::Bool)) fail(detail::concat("unknown dtype code ", int(c_.dtype)));
+  }
+  void op() {
+    if (uint8_t(c_.op) > uint8_t(ReduceOp::BitwiseXor)) return fail("unknown reduce op");
+    if (auto why = reduce_op_problem(c_.dtype, c_.op); !why.empty()) fail(why);
+  }
+  void rank(int r, const char* role) {
+    if (r < 0 || r >= comm_.size())
+      fail(detail::concat(role, " ", r, " is not a rank of this group (size ", comm_.size(), ")"));
+  }
+  void buffer(const void* p, size_t elems, const char* name) {
+    if (!p && elems) fail(detail::concat(name, " is null but must hold ", elems, " elements"));
+  }
+  // in and out may be identical (or in may be `in_place_at` within out), or disjoint.
+  void aliasing(const void* in, size_t in_elems, const void* out, size_t out_elems, const void* in_place_at) {
+    const size_t es = element_size(c_.dtype);
+    if (in == in_place_at) return;
+    if (overlaps(in, in_elems * es, out, out_elems * es))
+      fail("input and output overlap: pass disjoint buffers, or use the documented in-place form");
+  }
+  void counts(const std::vector<size_t>& v, const char* name) {
+    if (v.size() != size_t(comm_.size()))
+      fail(detail::concat(name, " has ", v.size(), " entries but the group has ", comm_.size(), " ranks"));
+  }
+
+ private:
+  Call& c_;
+  const Communicator& comm_;
+};
+
+size_t sum(const std::vector<size_t>& v) {
+  size_t s = 0;
+  for (size_t x : v) s += x;
+  return s;
+}
+
+Call make(OpKind kind, DataType dtype, size_t count) {
+  Call c;
+  c.kind = kind;
+  c.dtype = dtype;
+  c.count = count;
+  return c;
+}
+
+}  // namespace
+
+std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store, int rank, int size,
+                                                   CommunicatorOptions options) {
+  if (!store) throw InvalidArgument("Communicator::create: the store is null");
+  if (size < 1 || rank < 0 || rank >= size)
+    throw InvalidArgument(detail::concat("Communicator::create: rank ", rank, " is not in [0, ", size, ")"));
+  if (settings().timeout) options.timeout = *settings().timeout;
+  if (options.shm_chunk_bytes == 0) options.shm_chunk_bytes = settings().shm_chunk_bytes;
+  return std::shared_ptr<Communicator>(new Communicator(std::move(store), rank, size, std::move(options)));
+}
+
+Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, CommunicatorOptions options)
+    : rank_(rank), size_(size), options_(std::move(options)) {
+  // Every rank creates its communicators in the same order, so a per-rank counter names this
+  // group's keys identically everywhere and a re-created group never sees stale keys.
+  const int64_t generation = store->add(detail::concat("chorus/", options_.name, "/created_by/", rank), 1);
+  store_ = std::make_shared<PrefixStore>(detail::concat("chorus/", options_.name, "/", generation), store);
+
+  std::string backend = options_.backend == "auto" ? settings().backend : options_.backend;
+  if (backend != "auto" && backend != "shm")
+    throw InvalidArgument(detail::concat("group '", options_.name, "': unknown backend '", backend,
+                                         "' (this build has: auto, shm)"));
+  const auto deadline = Clock::now() + options_.timeout;
+  if (size_ > 1) {
+    const std::string me = host_identity();
+    store_->set(detail::concat("host/", rank_), me);
+    std::string elsewhere;
+    for (int r = 0; r < size_; ++r) {
+      std::string other = store_->get(detail::concat("host/", r));
+      if (other != me) elsewhere += detail::concat(elsewhere.empty() ? "" : ", ", r, " (", other.substr(0, other.find(' ')), ")");
+    }
+    if (!elsewhere.empty())
+      throw InvalidArgument(detail::concat("group '", options_.name, "': backend '", backend,
+                                           "' needs every rank on this host, but ranks ", elsewhere,
+                                           " are elsewhere; the cross-host backends are gloo and mpi"));
+  }
+  BackendOptions bo;
+  bo.group_name = options_.name;
+  bo.shm_chunk_bytes = options_.shm_chunk_bytes;
+  bo.deadline = deadline;
+  backend_ = make_shm_backend(*store_, rank_, size_, bo);
+  if (settings().log_level >= 1 && rank_ == 0)
+    std::fprintf(stderr, "[chorus] group '%s': %d ranks on backend %s\n", options_.name.c_str(), size_,
+                 backend_->name().c_str());
+}
+
+Communicator::~Communicator() {
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    stopping_ = true;
+  }
+  queue_cv_.notify_all();
+  if (executor_.joinable()) executor_.join();
+}
+
+std::string Communicator::backend_name() const { return backend_->name(); }
+
+void Communicator::run(Call& call, Timeout timeout) {
+  drain();
+  std::lock_guard<std::mutex> lock(call_mu_);
+  if (failed_) std::rethrow_exception(failed_);
+  call.start = Clock::now();
+  call.deadline = call.start + timeout.value_or(options_.timeout);
+  try {
+    backend_->run(call);
+  } catch (const InvalidArgument&) {
+    throw;
+  } catch (const Error&) {
+    failed_ = std::current_exception();
+    backend_->abort(failed_);
+    throw;
+  }
+}
+
+void Communicator::all_reduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op, Timeout timeout) {
+  Call c = make(OpKind::AllReduce, dtype, count);
+  c.op = op;
+  c.in = in;
+  c.out = out;
+  Checker k(c, *this);
+  k.dtype();
+  k.op();
+  k.buffer(in, count, "input");
+  k.buffer(out, count, "output");
+  k.aliasing(in, count, out, count, out);
+  run(c, timeout);
+}
+
+void Communicator::broadcast(void* buf, size_t count, DataType dtype, int root, Timeout timeout) {
+  Call c = make(OpKind::Broadcast, dtype, count);
+  c.root = root;
+  c.out = buf;
+  Checker k(c, *this);
+  k.dtype();
+  k.rank(root, "root");
+  k.buffer(buf, count, "buffer");
+  run(c, timeout);
+}
+
+void Communicator::reduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op, int root,
+                          Timeout timeout) {
+  Call c = make(OpKind::Reduce, dtype, count);
+  c.op = op;
+  c.root = root;
+  c.in = in;
+  c.out = out;
+  Checker k(c, *this);
+  k.dtype();
+  k.op();
+  k.rank(root, "root");
+  k.buffer(in, count, "input");
+  if (rank_ == root) {
+    k.buffer(out, count, "output");
+    k.aliasing(in, count, out, count, out);
+  }
+  run(c, timeout);
+}
+
+void Communicator::all_gather(const void* in, void* out, size_t count, DataType dtype, Timeout timeout) {
+  Call c = make(OpKind::AllGather, dtype, count);
+  c.in = in;
+  c.out = out;
+  Checker k(c, *this);
+  k.dtype();
+  k.buffer(in, count, "input");
+  k.buffer(out, count * size_t(size_), "output");
+  if (c.invalid.empty()) k.aliasing(in, count, out, count * size_t(size_), static_cast<uint8_t*>(out) + rank_ * count * element_size(dtype));
+  run(c, timeout);
+}
+
+void Communicator::all_gather_v(const void* in, void* out, const std::vector<size_t>& counts, DataType dtype,
+                                Timeout timeout) {
+  Call c = make(OpKind::AllGatherV, dtype, 0);
+  c.in = in;
+  c.out = out;
+  Checker k(c, *this);
+  k.dtype();
+  k.counts(counts, "counts");
+  if (c.invalid.empty()) {
+    c.counts.assign(counts.begin(), counts.end());
+    size_t before = 0;
+    for (int r = 0; r < rank_; ++r) before += counts[size_t(r)];
+    k.buffer(in, counts[size_t(rank_)], "input");
+    k.buffer(out, sum(counts), "output");
+    k.aliasing(in, counts[size_t(rank_)], out, sum(counts), static_cast<uint8_t*>(out) + before * element_size(dtype));
+  }
+  run(c, timeout);
+}
+
+void Communicator::gather(const void* in, void* out, size_t count, DataType dtype, int root, Timeout timeout) {
+  Call c = make(OpKind::Gather, dtype, count);
+  c.root = root;
+  c.in = in;
+  c.out = out;
+  Checker k(c, *this);
+  k.dtype();
+  k.rank(root, "root");
+  k.buffer(in, count, "input");
+  if (c.invalid.empty() && rank_ == root) {
+    k.buffer(out, count * size_t(size_), "output");
+    k.aliasing(in, count, out, count * size_t(size_), static_cast<uint8_t*>(out) + rank_ * count * element_size(dtype));
+  }
+  run(c, timeout);
+}
+
+void Communicator::gather_v(const void* in, void* out, const std::vector<size_t>& counts, DataType dtype, int root,
+                            Timeout timeout) {
+  Call c = make(OpKind::GatherV, dtype, 0);
+  c.root = root;
+  c.in = in;
+  c.out = out;
+  Checker k(c, *this);
+  k.dtype();
+  k.rank(root, "root");
+  k.counts(counts, "counts");
+  if (c.invalid.empty()) {
+    c.counts.assign(counts.begin(), counts.end());
+    size_t before = 0;
+    for (int r = 0; r < rank_; ++r) before += counts[size_t(r)];
+    k.buffer(in, counts[size_t(rank_)], "input");
+    if (rank_ == root) {
+      k.buffer(out, sum(counts), "output");
+      k.aliasing(in, counts[size_t(rank_)], out, sum(counts), static_cast<uint8_t*>(out) + before * element_size(dtype));
+    }
+  }
+  run(c, timeout);
+}
+
+void Communicator::scatter(const void* in, void* out, size_t count, DataType dtype, int root, Timeout timeout) {
+  Call c = make(OpKind::Scatter, dtype, count);
+  c.root = root;
+  c.in = in;
+  c.out = out;
+  Checker k(c, *this);
+  k.dtype();
+  k.rank(root, "root");
+  k.buffer(out, count, "output");
+  if (c.invalid.empty() && rank_ == root) {
+    k.buffer(in, count * size_t(size_), "input");
+    k.aliasing(out, count, in, count * size_t(size_), static_cast<const uint8_t*>(in) + rank_ * count * element_size(dtype));
+  }
+  run(c, timeout);
+}
+
+void Communicator::reduce_scatter(const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
+                                  Timeout timeout) {
+  Call c = make(OpKind::ReduceScatter, dtype, count);
+  c.op = op;
+  c.in = in;
+  c.out = out;
+  Checker k(c, *this);
+  k.dtype();
+  k.op();
+  k.buffer(in, count * size_t(size_), "input");
+  k.buffer(out, count, "output");
+  if (c.invalid.empty())
+    k.aliasing(out, count, in, count * size_t(size_), static_cast<const uint8_t*>(in) + rank_ * count * element_size(dtype));
+  run(c, timeout);
+}
+
+void Communicator::all_to_all(const void* in, void* out, size_t count, DataType dtype, Timeout timeout) {
+  Call c = make(OpKind::AllToAll, dtype, count);
+  c.in = in;
+  c.out = out;
+  Checker k(c, *this);
+  k.dtype();
+  k.buffer(in, count * size_t(size_), "input");
+  k.buffer(out, count * size_t(size_), "output");
+  if (c.invalid.empty()) k.aliasing(in, count * size_t(size_), out, count * size_t(size_), out);
+  run(c, timeout);
+}
+
+void Communicator::all_to_all_v(const void* in, const std::vector<size_t>& send_counts, void* out,
+                                const std::vector<size_t>& recv_counts, DataType dtype, Timeout timeout) {
+  Call c = make(OpKind::AllToAllV, dtype, 0);
+  c.in = in;
+  c.out = out;
+  Checker k(c, *this);
+  k.dtype();
+  k.counts(send_counts, "send_counts");
+  k.counts(recv_counts, "recv_counts");
+  if (c.invalid.empty()) {
+    c.counts.assign(send_counts.begin(), send_counts.end());
+    c.recv_counts.assign(recv_counts.begin(), recv_counts.end());
+    k.buffer(in, sum(send_counts), "input");
+    k.buffer(out, sum(recv_counts), "output");
+    k.aliasing(in, sum(send_counts), out, sum(recv_counts), nullptr);
+  }
+  run(c, timeout);
+}
+
+void Communicator::send(const void* buf, size_t count, DataType dtype, int dst, int tag, Timeout timeout) {
+  Call c = make(OpKind::Send, dtype, count);
+  c.root = dst;
+  c.tag = tag;
+  c.in = buf;
+  Checker k(c, *this);
+  k.dtype();
+  k.rank(dst, "destination");
+  if (dst == rank_) k.fail("a rank cannot send to itself");
+  if (tag < 0) k.fail("tags must be >= 0");
+  k.buffer(buf, count, "buffer");
+  run(c, timeout);
+}
+
+void Communicator::recv(void* buf, size_t count, DataType dtype, int src, int tag, Timeout timeout) {
+  Call c = make(OpKind::Recv, dtype, count);
+  c.root = src;
+  c.tag = tag;
+  c.out = buf;
+  Checker k(c, *this);
+  k.dtype();
+  k.rank(src, "source");
+  if (src == rank_) k.fail("a rank cannot receive from itself");
+  if (tag < 0) k.fail("tags must be >= 0");
+  k.buffer(buf, count, "buffer");
+  run(c, timeout);
+}
+
+void Communicator::barrier(Timeout timeout) {
+  Call c = make(OpKind::Barrier, DataType::UInt8, 0);
+  run(c, timeout);
+}
+
+std::shared_ptr<Communicator> Communicator::split(const std::vector<int>& ranks, Timeout timeout) {
+  Call c = make(OpKind::Split, DataType::UInt8, ranks.size());
+  Checker k(c, *this);
+  std::set<int> seen;
+  for (int r : ranks) {
+    k.rank(r, "member");
+    if (!seen.insert(r).second) k.fail(detail::concat("rank ", r, " is listed twice"));
+  }
+  if (ranks.empty()) k.fail("the list of ranks is empty");
+  c.counts.assign(ranks.begin(), ranks.end());
+  // The check compares counts element-wise, so the lists must agree on every rank.
+  if (c.counts.size() > size_t(size_)) c.counts.resize(size_t(size_));
+  run(c, timeout);
+  const int generation = ++splits_;
+  auto it = std::find(ranks.begin(), ranks.end(), rank_);
+  if (it == ranks.end()) return nullptr;
+  CommunicatorOptions child = options_;
+  child.name = detail::concat(options_.name, "/", generation);
+  if (timeout) child.timeout = *timeout;
+  return create(store_, int(it - ranks.begin()), int(ranks.size()), child);
+}
+
+// ---- async ----------------------------------------------------------------------------
+
+std::shared_ptr<Work> Communicator::submit(std::function<void()> fn) {
+  auto work = std::make_shared<Work>();
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    if (!executor_.joinable()) executor_ = std::thread([this] { executor_loop(); });
+    queue_.emplace_back(std::move(fn), work);
+    ++busy_;
+  }
+  queue_cv_.notify_all();
+  return work;
+}
+
+void Communicator::executor_loop() {
+  std::unique_lock<std::mutex> lock(queue_mu_);
+  while (true) {
+    queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty()) return;
+    auto [fn, work] = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
+    std::exception_ptr error;
+    try {
+      fn();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    work->finish(error);
+    lock.lock();
+    --busy_;
+    queue_cv_.notify_all();
+  }
+}
+
+void Communicator::drain() {
+  if (std::this_thread::get_id() == executor_.get_id()) return;
+  std::unique_lock<std::mutex> lock(queue_mu_);
+  queue_cv_.wait(lock, [&] { return busy_ == 0; });
+}
+
+std::shared_ptr<Work> Communicator::all_reduce_async(const void* in, void* out, size_t count, DataType dtype,
+                                                     ReduceOp op, Timeout timeout) {
+  return submit([=, this] { all_reduce(in, out, count, dtype, op, timeout); });
+}
+std::shared_ptr<Work> Communicator::broadcast_async(void* buf, size_t count, DataType dtype, int root, Timeout timeout) {
+  return submit([=, this] { broadcast(buf, count, dtype, root, timeout); });
+}
+std::shared_ptr<Work> Communicator::reduce_async(const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
+                                                 int root, Timeout timeout) {
+  return submit([=, this] { reduce(in, out, count, dtype, op, root, timeout); });
+}
+std::shared_ptr<Work> Communicator::all_gather_async(const void* in, void* out, size_t count, DataType dtype,
+                                                     Timeout timeout) {
+  return submit([=, this] { all_gather(in, out, count, dtype, timeout); });
+}
+std::shared_ptr<Work> Communicator::all_gather_v_async(const void* in, void* out, std::vector<size_t> counts,
+                                                       DataType dtype, Timeout timeout) {
+  return submit([=, this] { all_gather_v(in, out, counts, dtype, timeout); });
+}
+std::shared_ptr<Work> Communicator::gather_async(const void* in, void* out, size_t count, DataType dtype, int root,
+                                                 Timeout timeout) {
+  return submit([=, this] { gather(in, out, count, dtype, root, timeout); });
+}
+std::shared_ptr<Work> Communicator::gather_v_async(const void* in, void* out, std::vector<size_t> counts,
+                                                   DataType dtype, int root, Timeout timeout) {
+  return submit([=, this] { gather_v(in, out, counts, dtype, root, timeout); });
+}
+std::shared_ptr<Work> Communicator::scatter_async(const void* in, void* out, size_t count, DataType dtype, int root,
+                                                  Timeout timeout) {
+  return submit([=, this] { scatter(in, out, count, dtype, root, timeout); });
+}
+std::shared_ptr<Work> Communicator::reduce_scatter_async(const void* in, void* out, size_t count, DataType dtype,
+                                                         ReduceOp op, Timeout timeout) {
+  return submit([=, this] { reduce_scatter(in, out, count, dtype, op, timeout); });
+}
+std::shared_ptr<Work> Communicator::all_to_all_async(const void* in, void* out, size_t count, DataType dtype,
+                                                     Timeout timeout) {
+  return submit([=, this] { all_to_all(in, out, count, dtype, timeout); });
+}
+std::shared_ptr<Work> Communicator::all_to_all_v_async(const void* in, std::vector<size_t> send_counts, void* out,
+                                                       std::vector<size_t> recv_counts, DataType dtype,
+                                                       Timeout timeout) {
+  return submit([=, this] { all_to_all_v(in, send_counts, out, recv_counts, dtype, timeout); });
+}
+std::shared_ptr<Work> Communicator::send_async(const void* buf, size_t count, DataType dtype, int dst, int tag,
+                                               Timeout timeout) {
+  return submit([=, this] { send(buf, count, dtype, dst, tag, timeout); });
+}
+std::shared_ptr<Work> Communicator::recv_async(void* buf, size_t count, DataType dtype, int src, int tag,
+                                               Timeout timeout) {
+  return submit([=, this] { recv(buf, count, dtype, src, tag, timeout); });
+}
+std::shared_ptr<Work> Communicator::barrier_async(Timeout timeout) {
+  return submit([=, this] { barrier(timeout); });
+}
+
+}  // namespace chorus

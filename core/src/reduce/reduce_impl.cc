@@ -1,0 +1,194 @@
+// The reduction kernels, compiled once per instruction set (CHORUS_REDUCE_FN names the entry).
+//
+// Work goes in blocks of kBlock elements: the first source is loaded into an accumulator block,
+// each further source is folded in, in source order, and the block is stored. The blocks stay
+// in L1, so n sources cost n reads and one write per element, and the plain loops vectorize.
+// f16/bf16 are widened to f32 on load and rounded once on store.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "reduce/half.h"
+#include "reduce/reduce_kernels.h"
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+namespace chorus::reduce {
+namespace {
+
+constexpr size_t kBlock = 512;
+
+template <class T>
+using Wide = std::conditional_t<(sizeof(T) < 4), uint32_t, std::make_unsigned_t<T>>;
+
+template <class T>
+struct Sum {
+  static T apply(T a, T b) {
+    if constexpr (std::is_integral_v<T>) return T(Wide<T>(a) + Wide<T>(b));
+    else return a + b;
+  }
+};
+template <class T>
+struct Prod {
+  static T apply(T a, T b) {
+    if constexpr (std::is_integral_v<T>) return T(Wide<T>(a) * Wide<T>(b));
+    else return a * b;
+  }
+};
+// NaN-propagating, like torch: a NaN on either side wins.
+template <class T>
+struct Min {
+  static T apply(T a, T b) { return (a < b || a != a) ? a : b; }
+};
+template <class T>
+struct Max {
+  static T apply(T a, T b) { return (a > b || a != a) ? a : b; }
+};
+template <class T>
+struct And {
+  static T apply(T a, T b) { return T(a & b); }
+};
+template <class T>
+struct Or {
+  static T apply(T a, T b) { return T(a | b); }
+};
+template <class T>
+struct Xor {
+  static T apply(T a, T b) { return T(a ^ b); }
+};
+
+// Same-type fold: the accumulator block has the element type.
+template <class T, template <class> class Op>
+void fold_plain(const void* const* srcs, int n, void* dst_v, size_t count, bool mean) {
+  T* dst = static_cast<T*>(dst_v);
+  alignas(64) T acc[kBlock];
+  for (size_t base = 0; base < count; base += kBlock) {
+    const size_t m = std::min(kBlock, count - base);
+    std::memcpy(acc, static_cast<const T*>(srcs[0]) + base, m * sizeof(T));
+    for (int p = 1; p < n; ++p) {
+      const T* __restrict s = static_cast<const T*>(srcs[p]) + base;
+      for (size_t i = 0; i < m; ++i) acc[i] = Op<T>::apply(acc[i], s[i]);
+    }
+    if constexpr (std::is_floating_point_v<T>) {
+      if (mean) {
+        const T div = T(n);
+        for (size_t i = 0; i < m; ++i) acc[i] /= div;
+      }
+    }
+    std::memcpy(dst + base, acc, m * sizeof(T));
+  }
+}
+
+void load_f16(float* __restrict out, const uint16_t* __restrict in, size_t m) {
+  size_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= m; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))));
+#endif
+  for (; i < m; ++i) out[i] = half_to_float(in[i]);
+}
+void store_f16(uint16_t* __restrict out, const float* __restrict in, size_t m) {
+  size_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= m; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+  for (; i < m; ++i) out[i] = float_to_half(in[i]);
+}
+void load_bf16(float* __restrict out, const uint16_t* __restrict in, size_t m) {
+  for (size_t i = 0; i < m; ++i) out[i] = bf16_to_float(in[i]);
+}
+void store_bf16(uint16_t* __restrict out, const float* __restrict in, size_t m) {
+  for (size_t i = 0; i < m; ++i) out[i] = float_to_bf16(in[i]);
+}
+
+// 16-bit float fold: widen to f32, fold, round once.
+template <template <class> class Op, bool kBf16>
+void fold_half(const void* const* srcs, int n, void* dst_v, size_t count, bool mean) {
+  uint16_t* dst = static_cast<uint16_t*>(dst_v);
+  alignas(64) float acc[kBlock];
+  alignas(64) float tmp[kBlock];
+  auto load = kBf16 ? &load_bf16 : &load_f16;
+  for (size_t base = 0; base < count; base += kBlock) {
+    const size_t m = std::min(kBlock, count - base);
+    load(acc, static_cast<const uint16_t*>(srcs[0]) + base, m);
+    for (int p = 1; p < n; ++p) {
+      load(tmp, static_cast<const uint16_t*>(srcs[p]) + base, m);
+      for (size_t i = 0; i < m; ++i) acc[i] = Op<float>::apply(acc[i], tmp[i]);
+    }
+    if (mean) {
+      const float div = float(n);
+      for (size_t i = 0; i < m; ++i) acc[i] /= div;
+    }
+    if constexpr (kBf16) store_bf16(dst + base, acc, m);
+    else store_f16(dst + base, acc, m);
+  }
+}
+
+template <class T>
+void dispatch_plain(ReduceOp op, const void* const* srcs, int n, void* dst, size_t count) {
+  switch (op) {
+    case ReduceOp::Sum: return fold_plain<T, Sum>(srcs, n, dst, count, false);
+    case ReduceOp::Mean: return fold_plain<T, Sum>(srcs, n, dst, count, true);
+    case ReduceOp::Product: return fold_plain<T, Prod>(srcs, n, dst, count, false);
+    case ReduceOp::Min: return fold_plain<T, Min>(srcs, n, dst, count, false);
+    case ReduceOp::Max: return fold_plain<T, Max>(srcs, n, dst, count, false);
+    case ReduceOp::BitwiseAnd:
+      if constexpr (std::is_integral_v<T>) return fold_plain<T, And>(srcs, n, dst, count, false);
+      break;
+    case ReduceOp::BitwiseOr:
+      if constexpr (std::is_integral_v<T>) return fold_plain<T, Or>(srcs, n, dst, count, false);
+      break;
+    case ReduceOp::BitwiseXor:
+      if constexpr (std::is_integral_v<T>) return fold_plain<T, Xor>(srcs, n, dst, count, false);
+      break;
+  }
+}
+
+template <bool kBf16>
+void dispatch_half(ReduceOp op, const void* const* srcs, int n, void* dst, size_t count) {
+  switch (op) {
+    case ReduceOp::Sum: return fold_half<Sum, kBf16>(srcs, n, dst, count, false);
+    case ReduceOp::Mean: return fold_half<Sum, kBf16>(srcs, n, dst, count, true);
+    case ReduceOp::Product: return fold_half<Prod, kBf16>(srcs, n, dst, count, false);
+    case ReduceOp::Min: return fold_half<Min, kBf16>(srcs, n, dst, count, false);
+    case ReduceOp::Max: return fold_half<Max, kBf16>(srcs, n, dst, count, false);
+    default: return;
+  }
+}
+
+// Bools are bytes holding 0 or 1: or-like and and-like ops keep them so.
+void dispatch_bool(ReduceOp op, const void* const* srcs, int n, void* dst, size_t count) {
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Max:
+    case ReduceOp::BitwiseOr: return fold_plain<uint8_t, Or>(srcs, n, dst, count, false);
+    case ReduceOp::Product:
+    case ReduceOp::Min:
+    case ReduceOp::BitwiseAnd: return fold_plain<uint8_t, And>(srcs, n, dst, count, false);
+    case ReduceOp::BitwiseXor: return fold_plain<uint8_t, Xor>(srcs, n, dst, count, false);
+    case ReduceOp::Mean: return;
+  }
+}
+
+}  // namespace
+
+void CHORUS_REDUCE_FN(DataType dtype, ReduceOp op, const void* const* srcs, int n, void* dst, size_t count) {
+  switch (dtype) {
+    case DataType::Float32: return dispatch_plain<float>(op, srcs, n, dst, count);
+    case DataType::Float64: return dispatch_plain<double>(op, srcs, n, dst, count);
+    case DataType::Float16: return dispatch_half<false>(op, srcs, n, dst, count);
+    case DataType::BFloat16: return dispatch_half<true>(op, srcs, n, dst, count);
+    case DataType::Int8: return dispatch_plain<int8_t>(op, srcs, n, dst, count);
+    case DataType::UInt8: return dispatch_plain<uint8_t>(op, srcs, n, dst, count);
+    case DataType::Int16: return dispatch_plain<int16_t>(op, srcs, n, dst, count);
+    case DataType::Int32: return dispatch_plain<int32_t>(op, srcs, n, dst, count);
+    case DataType::Int64: return dispatch_plain<int64_t>(op, srcs, n, dst, count);
+    case DataType::Bool: return dispatch_bool(op, srcs, n, dst, count);
+  }
+}
+
+}  // namespace chorus::reduce

@@ -1,0 +1,20 @@
+#include "reduce/reduce_kernels.h"
+
+namespace chorus::reduce {
+namespace {
+using Fn = void (*)(DataType, ReduceOp, const void* const*, int, void*, size_t);
+Fn pick() {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return &reduce_avx2;
+#endif
+  return &reduce_generic;
+}
+}  // namespace
+
+void reduce(DataType dtype, ReduceOp op, const void* const* srcs, int n, void* dst, size_t count) {
+  static const Fn fn = pick();
+  fn(dtype, op, srcs, n, dst, count);
+}
+
+}  // namespace chorus::reduce

@@ -1,0 +1,21 @@
+// Elementwise reductions of several buffers into one: the only arithmetic the engine does.
+#pragma once
+
+#include <cstddef>
+
+#include "chorus/core/dtype.h"
+
+namespace chorus::reduce {
+
+// dst[i] = ((srcs[0][i] op srcs[1][i]) op srcs[2][i]) ... in exactly this order, so every rank
+// that folds the same inputs gets the same bits. Mean divides the sum by n. f16/bf16 accumulate
+// in f32 and round once. Integers wrap. Bool: sum/max/bor = or, product/min/band = and.
+// dst may alias any srcs[k] exactly (same address); partial overlap is not allowed.
+// Picks the widest vector code this CPU runs. Does not validate (dtype, op): see reduce_op_problem.
+void reduce(DataType dtype, ReduceOp op, const void* const* srcs, int n, void* dst, size_t count);
+
+// Per-ISA builds of the same source, chosen by reduce().
+void reduce_generic(DataType, ReduceOp, const void* const*, int, void*, size_t);
+void reduce_avx2(DataType, ReduceOp, const void* const*, int, void*, size_t);
+
+}  // namespace chorus::reduce

@@ -1,0 +1,73 @@
+// All-reduce and reduce.
+//
+// Tiny messages (<= kInlineBytes) ride in the call line: one phase, then every rank folds all
+// inputs in rank order 0..W-1. Small messages (<= kOneShotBytes) do the same through the slots
+// (one-shot). Larger ones are two-shot and pipelined: the message goes in rounds; in each round
+// every rank owns 1/W of the round's elements, receives the other ranks' copies of its part,
+// folds them in rank order, and publishes the folded part, which everyone copies out. A phase
+// carries both the inputs of round k and the folded parts of round k-1, so a round costs one
+// phase. Every element is folded by exactly one rank in a fixed order, and the inline/one-shot
+// paths fold in that same order on every rank, so all ranks end with identical bits.
+
+#include "reduce/reduce_kernels.h"
+#include "shm/algorithms.h"
+
+namespace chorus::shm {
+
+namespace {
+constexpr size_t kOneShotBytes = 64 * 1024;
+}
+
+void all_reduce(ShmGroup& g, const Call& c) {
+  const int world = g.world(), me = g.rank();
+  const bool gets_result = c.kind == OpKind::AllReduce || me == c.root;
+  const size_t es = element_size(c.dtype);
+  const size_t bytes = c.count * es;
+  const auto* in = static_cast<const uint8_t*>(c.in);
+  auto* out = static_cast<uint8_t*>(c.out);
+  auto& srcs = source_list(world);
+
+  if (bytes <= kInlineBytes || bytes <= std::min(kOneShotBytes, g.slot_bytes())) {
+    const bool tiny = bytes <= kInlineBytes;
+    copy_bytes(tiny ? g.my_inline() : g.write_slot(), in, bytes);
+    g.sync();
+    if (!gets_result) return;
+    for (int p = 0; p < world; ++p) srcs[size_t(p)] = tiny ? g.inline_of(p) : g.read_slot(p);
+    reduce::reduce(c.dtype, c.op, srcs.data(), world, out, c.count);
+    return;
+  }
+
+  // Slot layout: [inputs of the round: W parts][my folded part of the previous round].
+  const size_t part = g.slot_bytes() / ((size_t(world) + 1) * es);
+  const size_t per_round = part * size_t(world);
+  const size_t folded_at = per_round * es;
+  const size_t rounds = rounds_for(c.count, per_round);
+  auto part_begin = [&](size_t k, int q) {
+    return k * per_round + in_round(c.count, per_round, k) * size_t(q) / size_t(world);
+  };
+  for (size_t k = 0; k <= rounds; ++k) {
+    if (k < rounds) {
+      uint8_t* slot = g.write_slot();
+      for (int q = 0; q < world; ++q) {
+        if (q == me) continue;
+        const size_t b = part_begin(k, q), e = part_begin(k, q + 1);
+        copy_bytes(slot + (b - k * per_round) * es, in + b * es, (e - b) * es);
+      }
+    }
+    g.sync();
+    if (k >= 1 && gets_result) {
+      for (int q = 0; q < world; ++q) {
+        const size_t b = part_begin(k - 1, q), e = part_begin(k - 1, q + 1);
+        copy_bytes(out + b * es, g.read_slot(q) + folded_at, (e - b) * es);
+      }
+    }
+    if (k < rounds) {
+      const size_t b = part_begin(k, me), e = part_begin(k, me + 1);
+      for (int p = 0; p < world; ++p)
+        srcs[size_t(p)] = p == me ? in + b * es : g.read_slot(p) + (b - k * per_round) * es;
+      reduce::reduce(c.dtype, c.op, srcs.data(), world, g.write_slot() + folded_at, e - b);
+    }
+  }
+}
+
+}  // namespace chorus::shm

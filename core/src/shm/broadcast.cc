@@ -1,0 +1,29 @@
+// Broadcast: the root streams the message through its slot one chunk per phase; the others
+// copy each chunk out while the root already writes the next one into its other slot.
+// Tiny messages ride in the root's call line.
+
+#include "shm/algorithms.h"
+
+namespace chorus::shm {
+
+void broadcast(ShmGroup& g, const Call& c) {
+  const bool root = g.rank() == c.root;
+  const size_t bytes = c.count * element_size(c.dtype);
+  auto* buf = static_cast<uint8_t*>(c.out);
+  if (bytes <= kInlineBytes) {
+    if (root) copy_bytes(g.my_inline(), buf, bytes);
+    g.sync();
+    if (!root) copy_bytes(buf, g.inline_of(c.root), bytes);
+    return;
+  }
+  const size_t chunk = g.slot_bytes();
+  const size_t rounds = rounds_for(bytes, chunk);
+  for (size_t k = 0; k < rounds; ++k) {
+    const size_t n = in_round(bytes, chunk, k);
+    if (root) copy_bytes(g.write_slot(), buf + k * chunk, n);
+    g.sync();
+    if (!root) copy_bytes(buf + k * chunk, g.read_slot(c.root), n);
+  }
+}
+
+}  // namespace chorus::shm

@@ -1,0 +1,44 @@
+// All-gather and gather, even or uneven (the V forms): every rank streams its contribution
+// through its slot one chunk per phase, and every receiving rank copies each peer's chunk to
+// that peer's place in the output. Contributions that fit in kInlineBytes ride in the call
+// line. A rank's own contribution is copied locally (nothing to do when gathered in place).
+#include <numeric>
+
+#include "shm/algorithms.h"
+
+namespace chorus::shm {
+
+void gather(ShmGroup& g, const Call& c) {
+  const int world = g.world(), me = g.rank();
+  const bool uneven = c.kind == OpKind::AllGatherV || c.kind == OpKind::GatherV;
+  const bool gets = c.kind == OpKind::AllGather || c.kind == OpKind::AllGatherV || me == c.root;
+  const size_t es = element_size(c.dtype);
+  auto count_of = [&](int p) { return uneven ? size_t(c.counts[size_t(p)]) : size_t(c.count); };
+  std::vector<size_t> displ(size_t(world) + 1, 0);
+  size_t most = 0;
+  for (int p = 0; p < world; ++p) {
+    displ[size_t(p) + 1] = displ[size_t(p)] + count_of(p);
+    most = std::max(most, count_of(p));
+  }
+  const auto* in = static_cast<const uint8_t*>(c.in);
+  auto* out = static_cast<uint8_t*>(c.out);
+  const size_t mine = count_of(me);
+  if (gets && out + displ[size_t(me)] * es != in) move_bytes(out + displ[size_t(me)] * es, in, mine * es);
+
+  const bool tiny = most * es <= kInlineBytes;
+  const size_t chunk = tiny ? most : g.slot_bytes() / es;
+  const size_t rounds = std::max<size_t>(1, rounds_for(most, std::max<size_t>(chunk, 1)));
+  for (size_t k = 0; k < rounds; ++k) {
+    // Own data is re-read from `out` when gathered in place, which the copies below never touch.
+    copy_bytes(tiny ? g.my_inline() : g.write_slot(), in + k * chunk * es, in_round(mine, chunk, k) * es);
+    g.sync();
+    if (!gets) continue;
+    for (int p = 0; p < world; ++p) {
+      if (p == me) continue;
+      const uint8_t* src = tiny ? g.inline_of(p) : g.read_slot(p);
+      copy_bytes(out + (displ[size_t(p)] + k * chunk) * es, src, in_round(count_of(p), chunk, k) * es);
+    }
+  }
+}
+
+}  // namespace chorus::shm

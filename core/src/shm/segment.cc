@@ -1,0 +1,126 @@
+#include "shm/segment.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "chorus/core/error.h"
+#include "chorus/core/store.h"
+
+namespace chorus::shm {
+namespace {
+
+constexpr uint64_t kMagic = 0x63686f7275733031ull;  // "chorus01"
+
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+std::string random_name() {
+  std::random_device rd;
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "/chorus-%d-%08x%08x", int(getpid()), rd(), rd());
+  return buf;
+}
+
+[[noreturn]] void fail(const std::string& what, const std::string& name) {
+  throw Error(detail::concat("shared memory: ", what, " '", name, "': ", std::strerror(errno)));
+}
+
+}  // namespace
+
+Layout::Layout(int w, size_t slot) : world(w) {
+  slot_bytes = round_up(std::max<size_t>(slot, kLine * size_t(w)), kLine);
+  // Rings are per ordered pair, so keep their total bounded for large groups.
+  size_t pairs = size_t(w) * size_t(w);
+  p2p_chunk = round_up(std::clamp<size_t>(std::min<size_t>(slot_bytes, (32u << 20) / (2 * pairs)), 4096, 1u << 20), kLine);
+  ctrl_stride = round_up(sizeof(RankControl) + 2 * 2 * size_t(w) * sizeof(uint64_t), kLine);
+  ctrl_offset = round_up(sizeof(Header), kLine);
+  slots_offset = round_up(ctrl_offset + ctrl_stride * size_t(w), 4096);
+  channels_offset = round_up(slots_offset + size_t(w) * 2 * slot_bytes, 4096);
+  channel_stride = 2 * sizeof(ChannelEnd) + 2 * (sizeof(ChunkHeader) + p2p_chunk);
+  total = round_up(channels_offset + pairs * channel_stride, 4096);
+}
+
+Segment::Segment(Store& store, int rank, int world, size_t slot_bytes, Clock::time_point deadline,
+                 const std::string& group_name)
+    : layout_(world, slot_bytes) {
+  std::string name;
+  int fd = -1;
+  if (rank == 0) {
+    name = random_name();
+    fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0) fail("cannot create", name);
+    int rc = posix_fallocate(fd, 0, off_t(layout_.total));
+    if (rc != 0) {
+      close(fd);
+      shm_unlink(name.c_str());
+      errno = rc;
+      fail(detail::concat("cannot allocate ", layout_.total, " bytes (is /dev/shm large enough? a smaller "
+                          "CHORUS_SHM_CHUNK_BYTES needs less) for"), name);
+    }
+  } else {
+    name = store.get("shm_name");
+    fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0) fail("cannot open (did rank 0 of group '" + group_name + "' exit?)", name);
+    struct stat st {};
+    if (fstat(fd, &st) != 0 || size_t(st.st_size) != layout_.total) {
+      close(fd);
+      throw InvalidArgument(detail::concat("group '", group_name, "': rank 0 laid out ", st.st_size,
+                                           " bytes of shared memory but this rank expects ", layout_.total,
+                                           ": do all ranks use the same world size and CHORUS_SHM_CHUNK_BYTES?"));
+    }
+  }
+  void* p = mmap(nullptr, layout_.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) {
+    shm_unlink(name.c_str());
+    fail("cannot map", name);
+  }
+  base_ = static_cast<uint8_t*>(p);
+  if (rank == 0) {
+    Header& h = header();
+    h.world = uint32_t(world);
+    h.slot_bytes = layout_.slot_bytes;
+    h.p2p_chunk = layout_.p2p_chunk;
+    h.magic = kMagic;
+    store.set("shm_name", name);
+  } else if (header().magic != kMagic || header().world != uint32_t(world)) {
+    munmap(base_, layout_.total);
+    throw InvalidArgument(detail::concat("group '", group_name, "': the shared segment was made for ",
+                                         header().world, " ranks but this rank was told ", world));
+  }
+  ctrl(rank).pid.store(getpid());
+  ctrl(rank).state.store(kActive);
+  if (header().attached.fetch_add(1) + 1 == uint32_t(world)) shm_unlink(name.c_str());
+
+  // Wait for everyone to map it (Note [Segment lifetime]).
+  while (header().attached.load() < uint32_t(world)) {
+    if (Clock::now() > deadline) {
+      shm_unlink(name.c_str());
+      std::vector<int> missing;
+      std::string list;
+      for (int r = 0; r < world; ++r)
+        if (ctrl(r).state.load() == kAbsent) {
+          missing.push_back(r);
+          list += (list.empty() ? "" : ", ") + std::to_string(r);
+        }
+      munmap(base_, layout_.total);
+      throw TimeoutError(detail::concat("group '", group_name, "': ranks ", list,
+                                        " never joined the shared-memory rendezvous"),
+                         missing, "init");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+Segment::~Segment() {
+  if (base_) munmap(base_, layout_.total);
+}
+
+}  // namespace chorus::shm

@@ -1,0 +1,130 @@
+// The shared-memory segment of one communicator, and the layout of everything inside it.
+//
+//   Header
+//   RankControl[W]   per rank: its phase counter (the futex word), state, pid, the descriptors
+//                    and inline payloads of its last two calls, error texts, per-call counts
+//   slots[W][2]      per rank two data slots of slot_bytes, alternating by phase parity
+//   channels[W][W]   per ordered pair a two-chunk ring for send/recv
+//
+// Note [Segment lifetime]: rank 0 creates the segment under a random name and publishes the
+// name in the store; each rank maps it and counts itself in Header::attached, and the rank that
+// completes the count unlinks the name. From then on nothing is left in /dev/shm whatever
+// happens to the processes: the memory lives exactly as long as some rank maps it. If the
+// rendezvous fails, the rank that notices unlinks the name itself.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "call.h"
+
+namespace chorus {
+class Store;
+}
+
+namespace chorus::shm {
+
+constexpr size_t kLine = 64;
+constexpr size_t kInlineBytes = 32;
+constexpr size_t kTextBytes = 256;
+
+// What a rank called, as its peers see it. Plain data, written before the phase that
+// publishes it (release) and read after observing that phase (acquire).
+struct CallDesc {
+  uint64_t call;   // 1-based index of the call in this communicator
+  uint64_t count;
+  int32_t root;
+  uint8_t kind, dtype, op, invalid;
+  uint32_t ncounts;  // entries of RankControl counts used by this call
+  uint32_t reserved;
+};
+static_assert(sizeof(CallDesc) == 32);
+
+struct alignas(kLine) CallLine {
+  CallDesc desc;
+  uint8_t data[kInlineBytes];  // tiny payloads ride here
+};
+
+enum RankState : uint32_t { kAbsent = 0, kActive = 1, kLeft = 2, kAborted = 3 };
+enum AbortKind : uint32_t { kAbortNone = 0, kAbortTimeout, kAbortPeerFailure, kAbortMismatch, kAbortOther };
+
+struct alignas(kLine) RankControl {
+  std::atomic<uint32_t> seq;      // last phase this rank posted; peers futex-wait on it
+  std::atomic<uint32_t> waiters;  // peers sleeping on seq; the poster wakes them when non-zero
+  std::atomic<int32_t> pid;
+  std::atomic<uint32_t> state;    // RankState
+  std::atomic<uint32_t> abort_kind;
+  std::atomic<int32_t> abort_rank;  // the failed or missing rank the abort names
+  CallLine calls[2];                // by call parity
+  char invalid_text[2][kTextBytes];  // by call parity: why this rank rejected its arguments
+  char abort_text[kTextBytes];
+  // Followed by uint64_t counts[2][2 * W] (by call parity); see Layout::counts.
+};
+
+struct alignas(kLine) Header {
+  uint64_t magic;
+  uint32_t world;
+  uint32_t reserved;
+  uint64_t slot_bytes;
+  uint64_t p2p_chunk;
+  std::atomic<uint32_t> attached;
+};
+
+struct alignas(kLine) ChannelEnd {
+  std::atomic<uint32_t> counter;  // chunks written (sender end) or consumed (receiver end)
+  std::atomic<uint32_t> waiters;
+  std::atomic<uint32_t> error;    // receiver end: set when a message did not match the recv
+};
+
+// Each p2p chunk starts with this header in its own line.
+struct alignas(kLine) ChunkHeader {
+  uint64_t bytes;  // whole message
+  uint64_t count;
+  int32_t tag;
+  uint8_t dtype;
+  uint8_t first;
+};
+
+struct Layout {
+  int world = 0;
+  size_t slot_bytes = 0;
+  size_t p2p_chunk = 0;
+  size_t ctrl_stride = 0;
+  size_t ctrl_offset = 0, slots_offset = 0, channels_offset = 0, channel_stride = 0, total = 0;
+  Layout() = default;
+  Layout(int world, size_t slot_bytes);
+};
+
+class Segment {
+ public:
+  // Collective over the group: creates or maps the segment (Note [Segment lifetime]) and waits
+  // until every rank has mapped it. Throws TimeoutError naming the ranks that never came.
+  Segment(Store& store, int rank, int world, size_t slot_bytes, Clock::time_point deadline,
+          const std::string& group_name);
+  ~Segment();
+  Segment(const Segment&) = delete;
+  Segment& operator=(const Segment&) = delete;
+
+  const Layout& layout() const { return layout_; }
+  Header& header() { return *reinterpret_cast<Header*>(base_); }
+  RankControl& ctrl(int r) { return *reinterpret_cast<RankControl*>(base_ + layout_.ctrl_offset + r * layout_.ctrl_stride); }
+  uint64_t* counts(int r, uint64_t call) {
+    return reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(&ctrl(r)) + sizeof(RankControl)) +
+           (call & 1) * 2 * size_t(layout_.world);
+  }
+  uint8_t* slot(int r, uint32_t phase) {
+    return base_ + layout_.slots_offset + (size_t(r) * 2 + (phase & 1)) * layout_.slot_bytes;
+  }
+  // Ring of the ordered pair src -> dst: sender end, receiver end, then two chunks.
+  uint8_t* channel(int src, int dst) {
+    return base_ + layout_.channels_offset + (size_t(src) * layout_.world + dst) * layout_.channel_stride;
+  }
+
+ private:
+  Layout layout_;
+  uint8_t* base_ = nullptr;
+};
+
+}  // namespace chorus::shm

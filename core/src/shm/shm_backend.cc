@@ -1,0 +1,70 @@
+// The shared-memory Backend: one ShmGroup per communicator, calls dispatched to the algorithm
+// files, failures published so peers stop waiting.
+#include "chorus/core/error.h"
+#include "shm/algorithms.h"
+
+namespace chorus {
+namespace shm {
+namespace {
+
+class ShmBackend : public Backend {
+ public:
+  ShmBackend(Store& store, int rank, int size, const BackendOptions& options) : g_(store, rank, size, options) {}
+  std::string name() const override { return "shm"; }
+
+  void run(const Call& c) override {
+    if (c.kind == OpKind::Send || c.kind == OpKind::Recv) {
+      if (!c.invalid.empty()) throw InvalidArgument(c.invalid);
+      g_.set_deadline(c);
+      return c.kind == OpKind::Send ? send(g_, c) : recv(g_, c);
+    }
+    g_.start(c);
+    if (!c.invalid.empty()) {
+      g_.sync();  // raises InvalidArgument here and on every other rank
+      throw InvalidArgument(c.invalid);
+    }
+    switch (c.kind) {
+      case OpKind::Barrier:
+      case OpKind::Split: return g_.sync();
+      case OpKind::AllReduce:
+      case OpKind::Reduce: return all_reduce(g_, c);
+      case OpKind::Broadcast: return broadcast(g_, c);
+      case OpKind::AllGather:
+      case OpKind::AllGatherV:
+      case OpKind::Gather:
+      case OpKind::GatherV: return gather(g_, c);
+      case OpKind::Scatter: return scatter(g_, c);
+      case OpKind::ReduceScatter: return reduce_scatter(g_, c);
+      case OpKind::AllToAll:
+      case OpKind::AllToAllV: return all_to_all(g_, c);
+      case OpKind::Send:
+      case OpKind::Recv: break;
+    }
+  }
+
+  void abort(const std::exception_ptr& cause) override {
+    try {
+      std::rethrow_exception(cause);
+    } catch (const TimeoutError& e) {
+      g_.abort(kAbortTimeout, e.missing_ranks().empty() ? -1 : e.missing_ranks().front(), e.what());
+    } catch (const PeerFailure& e) {
+      g_.abort(kAbortPeerFailure, e.failed_rank(), e.what());
+    } catch (const CollectiveMismatch& e) {
+      g_.abort(kAbortMismatch, -1, e.what());
+    } catch (const std::exception& e) {
+      g_.abort(kAbortOther, -1, e.what());
+    }
+  }
+
+ private:
+  ShmGroup g_;
+};
+
+}  // namespace
+}  // namespace shm
+
+std::unique_ptr<Backend> make_shm_backend(Store& store, int rank, int size, const BackendOptions& options) {
+  return std::make_unique<shm::ShmBackend>(store, rank, size, options);
+}
+
+}  // namespace chorus

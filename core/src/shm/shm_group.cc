@@ -1,0 +1,206 @@
+#include "shm/shm_group.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "chorus/core/error.h"
+
+namespace chorus::shm {
+
+namespace {
+
+bool has_counts(OpKind kind) {
+  return kind == OpKind::AllGatherV || kind == OpKind::GatherV || kind == OpKind::AllToAllV || kind == OpKind::Split;
+}
+
+std::string list_ranks(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
+  return s;
+}
+
+std::string describe_desc(const CallDesc& d, const uint64_t* counts, int world) {
+  std::string s = describe(OpKind(d.kind), DataType(d.dtype), ReduceOp(d.op), d.root, d.count);
+  if (d.ncounts > 0) {
+    s += " counts [";
+    const uint32_t shown = std::min<uint32_t>(d.ncounts, 16);
+    for (uint32_t i = 0; i < shown; ++i) s += (i ? ", " : "") + std::to_string(counts[i]);
+    if (shown < d.ncounts) s += ", ...";
+    s += "]";
+    if (OpKind(d.kind) == OpKind::AllToAllV) {
+      s += " recv [";
+      for (int i = 0; i < std::min(world, 16); ++i) s += (i ? ", " : "") + std::to_string(counts[world + i]);
+      s += "]";
+    }
+  }
+  return s;
+}
+
+}  // namespace
+
+ShmGroup::ShmGroup(Store& store, int rank, int world, const BackendOptions& options)
+    : rank_(rank),
+      world_(world),
+      name_(options.group_name),
+      seg_(store, rank, world, options.shm_chunk_bytes, options.deadline, options.group_name),
+      policy_(SpinPolicy::for_group(world)) {
+  for (int r = 0; r < world; ++r)
+    if (r != rank) watch_.watch(r, seg_.ctrl(r).pid.load());
+}
+
+ShmGroup::~ShmGroup() {
+  RankControl& me = seg_.ctrl(rank_);
+  if (me.state.load() == kActive) me.state.store(kLeft);
+  futex_wake_all(&me.seq);
+}
+
+std::string ShmGroup::call_name() const { return detail::concat(current_, " (call #", call_, ")"); }
+
+void ShmGroup::start(const Call& call) {
+  ++call_;
+  RankControl& me = seg_.ctrl(rank_);
+  CallDesc d{};
+  d.call = call_;
+  d.count = call.count;
+  d.root = call.root;
+  d.kind = uint8_t(call.kind);
+  d.dtype = uint8_t(call.dtype);
+  d.op = uint8_t(call.op);
+  d.invalid = call.invalid.empty() ? 0 : 1;
+  if (has_counts(call.kind)) {
+    uint64_t* counts = seg_.counts(rank_, call_);
+    std::copy(call.counts.begin(), call.counts.end(), counts);
+    std::copy(call.recv_counts.begin(), call.recv_counts.end(), counts + world_);
+    d.ncounts = uint32_t(call.counts.size());
+  }
+  if (d.invalid) {
+    char* text = me.invalid_text[call_ & 1];
+    std::memset(text, 0, kTextBytes);
+    std::memcpy(text, call.invalid.data(), std::min(call.invalid.size(), kTextBytes - 1));
+  }
+  me.calls[call_ & 1].desc = d;
+  checked_ = false;
+  current_ = describe(call);
+  set_deadline(call);
+}
+
+void ShmGroup::sync() {
+  RankControl& me = seg_.ctrl(rank_);
+  const uint32_t target = ++phase_;
+  post(me.seq, me.waiters, target);
+  for (int p = 0; p < world_; ++p) {
+    if (p == rank_) continue;
+    RankControl& peer = seg_.ctrl(p);
+    auto ready = [&] { return reached(peer.seq.load(std::memory_order_acquire), target); };
+    if (ready()) continue;
+    wait_until(ready, peer.seq, peer.waiters, policy_, [&] {
+      std::vector<int> missing;
+      for (int q = 0; q < world_; ++q)
+        if (q != rank_ && !reached(seg_.ctrl(q).seq.load(std::memory_order_acquire), target)) missing.push_back(q);
+      check_peers(missing, call_name());
+    });
+  }
+  if (!checked_) {
+    checked_ = true;
+    validate();
+  }
+}
+
+void ShmGroup::validate() {
+  const CallDesc mine = seg_.ctrl(rank_).calls[call_ & 1].desc;
+  bool invalid = false, mismatch = false;
+  for (int p = 0; p < world_; ++p) {
+    const CallDesc d = seg_.ctrl(p).calls[call_ & 1].desc;
+    invalid = invalid || d.invalid;
+    mismatch = mismatch || d.call != mine.call || d.kind != mine.kind || d.dtype != mine.dtype || d.op != mine.op ||
+               d.root != mine.root || d.count != mine.count || d.ncounts != mine.ncounts;
+    if (!mismatch && mine.ncounts > 0 && OpKind(mine.kind) != OpKind::AllToAllV)
+      mismatch = !std::equal(counts_of(p), counts_of(p) + mine.ncounts, counts_of(rank_));
+  }
+  if (invalid) {
+    if (mine.invalid) throw InvalidArgument(seg_.ctrl(rank_).invalid_text[call_ & 1]);
+    std::string texts;
+    for (int p = 0; p < world_; ++p)
+      if (seg_.ctrl(p).calls[call_ & 1].desc.invalid)
+        texts += detail::concat(texts.empty() ? "" : "; ", "rank ", p, ": ", seg_.ctrl(p).invalid_text[call_ & 1]);
+    throw InvalidArgument(detail::concat(current_, " on group '", name_, "': another rank rejected its arguments (",
+                                         texts, ")"));
+  }
+  if (!mismatch && OpKind(mine.kind) == OpKind::AllToAllV) {
+    // What p sends to q must be what q expects from p.
+    for (int p = 0; p < world_ && !mismatch; ++p)
+      for (int q = 0; q < world_ && !mismatch; ++q) mismatch = counts_of(p)[q] != counts_of(q)[world_ + p];
+  }
+  if (!mismatch) return;
+  std::vector<std::string> calls;
+  std::string lines;
+  for (int p = 0; p < world_; ++p) {
+    const CallDesc d = seg_.ctrl(p).calls[call_ & 1].desc;
+    calls.push_back(describe_desc(d, counts_of(p), world_));
+    lines += detail::concat("\n  rank ", p, " (call #", d.call, "): ", calls.back());
+  }
+  throw CollectiveMismatch(detail::concat("ranks of group '", name_, "' made different calls at call #", call_,
+                                          " (every rank must call the same collective with the same dtype, "
+                                          "count, op and root):",
+                                          lines),
+                           calls);
+}
+
+void ShmGroup::check_peers(const std::vector<int>& awaited, const std::string& what) {
+  for (int p = 0; p < world_; ++p) {
+    if (p == rank_) continue;
+    RankControl& peer = seg_.ctrl(p);
+    if (peer.state.load() != kAborted) continue;
+    const std::string msg = detail::concat(what, " on group '", name_, "': rank ", p, " gave up first: ",
+                                           std::string(peer.abort_text, strnlen(peer.abort_text, kTextBytes)));
+    const int about = peer.abort_rank.load();
+    switch (AbortKind(peer.abort_kind.load())) {
+      case kAbortTimeout: throw TimeoutError(msg, {about}, what);
+      case kAbortPeerFailure: throw PeerFailure(msg, about);
+      case kAbortMismatch: throw CollectiveMismatch(msg, {});
+      default: throw Error(msg);
+    }
+  }
+  const auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started_);
+  for (int p : awaited) {
+    const uint32_t state = seg_.ctrl(p).state.load();
+    if (state == kLeft)
+      throw PeerFailure(detail::concat("rank ", p, " left group '", name_, "' (its communicator was destroyed) while rank ",
+                                       rank_, " waited for it in ", what, " after ", elapsed.count(), " ms"),
+                        p);
+    if (!watch_.alive(p))
+      throw PeerFailure(detail::concat("rank ", p, " (pid ", seg_.ctrl(p).pid.load(), ") of group '", name_,
+                                       "' died while rank ", rank_, " waited for it in ", what, " after ",
+                                       elapsed.count(), " ms"),
+                        p);
+  }
+  if (Clock::now() < deadline_) return;
+  std::string where;
+  for (int p : awaited) {
+    const RankControl& c = seg_.ctrl(p);
+    const CallDesc& a = c.calls[0].desc;
+    const CallDesc& b = c.calls[1].desc;
+    const CallDesc& last = a.call > b.call ? a : b;
+    if (last.call == 0) where += detail::concat("; rank ", p, " has made no call yet");
+    else
+      where += detail::concat("; rank ", p, " is at call #", last.call, ": ",
+                              describe(OpKind(last.kind), DataType(last.dtype), ReduceOp(last.op), last.root, last.count));
+  }
+  throw TimeoutError(detail::concat(what, " on group '", name_, "' timed out after ", elapsed.count(), " ms on rank ",
+                                    rank_, ": rank", awaited.size() > 1 ? "s " : " ", list_ranks(awaited),
+                                    " did not arrive", where),
+                     awaited, what);
+}
+
+void ShmGroup::abort(AbortKind kind, int about_rank, const std::string& text) {
+  RankControl& me = seg_.ctrl(rank_);
+  if (me.state.load() == kAborted) return;
+  std::memset(me.abort_text, 0, kTextBytes);
+  std::memcpy(me.abort_text, text.data(), std::min(text.size(), kTextBytes - 1));
+  me.abort_kind.store(kind);
+  me.abort_rank.store(about_rank);
+  me.state.store(kAborted);
+  futex_wake_all(&me.seq);
+}
+
+}  // namespace chorus::shm

@@ -1,0 +1,84 @@
+// The phase engine every shared-memory algorithm is written in.
+//
+// Note [Phases]: a call is a sequence of phases. In each phase a rank writes what its peers
+// need into its own slot (write_slot()), then sync() posts the phase number in its control
+// line and waits until every rank has posted it; after that the rank reads its peers' slots of
+// that phase (read_slot()). Slots alternate by phase parity, so a rank writes phase n+1 while
+// slower peers still read phase n, and it cannot lap them: it only gets past phase n+1 when all
+// of them have finished reading phase n. Every rank runs the same phases in the same order, so
+// the phase counters agree without ever being exchanged.
+//
+// Note [Call check]: before its first sync a call publishes a descriptor (op, dtype, count,
+// root, op, call index, counts) in the call line of its parity; the first sync compares every
+// rank's descriptor before anyone reads data, so different calls raise CollectiveMismatch on
+// every rank, and a rank whose arguments were invalid makes every rank raise InvalidArgument.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "backend.h"
+#include "shm/segment.h"
+#include "shm/waiter.h"
+
+namespace chorus::shm {
+
+class ShmGroup {
+ public:
+  ShmGroup(Store& store, int rank, int world, const BackendOptions& options);
+  ~ShmGroup();  // tells peers this rank left
+
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+  size_t slot_bytes() const { return seg_.layout().slot_bytes; }
+  const std::string& name() const { return name_; }
+  Segment& segment() { return seg_; }
+
+  // Begins a call (Note [Call check]): publishes its descriptor and counts.
+  void start(const Call& call);
+  // The current call's inline payload of this rank / of rank r (kInlineBytes).
+  uint8_t* my_inline() { return seg_.ctrl(rank_).calls[call_ & 1].data; }
+  const uint8_t* inline_of(int r) { return seg_.ctrl(r).calls[call_ & 1].data; }
+  // The counts rank r published for the current call.
+  const uint64_t* counts_of(int r) { return seg_.counts(r, call_); }
+
+  // Posts the next phase and waits for every rank to post it (Note [Phases]).
+  void sync();
+  uint8_t* write_slot() { return seg_.slot(rank_, phase_ + 1); }
+  const uint8_t* read_slot(int r) { return seg_.slot(r, phase_); }
+
+  // Waits until ready() for a point-to-point transfer with `peer`; `word` changes when ready()
+  // may have become true. Throws like sync() does, naming `what`.
+  template <class Ready>
+  void wait_for_peer(Ready&& ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& waiters, int peer,
+                     const std::string& what) {
+    if (ready()) return;
+    wait_until(ready, word, waiters, policy_, [&] { check_peers({peer}, what); });
+  }
+  void set_deadline(const Call& call) {
+    deadline_ = call.deadline;
+    started_ = call.start;
+  }
+
+  // Publishes this rank's failure so peers stop waiting for it.
+  void abort(AbortKind kind, int about_rank, const std::string& text);
+
+ private:
+  void validate();
+  // Throws if the deadline passed, a peer in `awaited` died or left, or any peer aborted.
+  void check_peers(const std::vector<int>& awaited, const std::string& what);
+  std::string call_name() const;
+
+  int rank_, world_;
+  std::string name_;
+  Segment seg_;
+  SpinPolicy policy_;
+  PeerWatch watch_;
+  uint32_t phase_ = 0;  // last phase this rank posted
+  uint64_t call_ = 0;   // index of the current call
+  bool checked_ = true;  // the current call's descriptors were compared
+  std::string current_;  // description of the current call, for messages
+  Clock::time_point started_, deadline_;
+};
+
+}  // namespace chorus::shm

@@ -1,0 +1,98 @@
+// How a rank waits for shared-memory words written by other processes.
+//
+// Note [Waiting with more ranks than cores]: spinning is fastest when every rank has a core,
+// and ruinous when ranks outnumber cores (the spinner burns the time slice the awaited rank
+// needs). So a wait spins briefly (shorter when oversubscribed), then yields the core for a
+// while, then sleeps on a futex on the awaited word. Posters wake sleepers only when the
+// word's waiters count is non-zero, so the fast path costs no system call.
+#pragma once
+
+#include <sched.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "call.h"
+
+namespace chorus::shm {
+
+void futex_wait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::microseconds timeout);
+void futex_wake_all(std::atomic<uint32_t>* word);
+
+// Publishes value in word and wakes sleepers (Note [Waiting with more ranks than cores]).
+inline void post(std::atomic<uint32_t>& word, std::atomic<uint32_t>& waiters, uint32_t value) {
+  word.store(value, std::memory_order_seq_cst);
+  if (waiters.load(std::memory_order_seq_cst) != 0) futex_wake_all(&word);
+}
+
+// a >= b for counters that wrap.
+inline bool reached(uint32_t a, uint32_t b) { return int32_t(a - b) >= 0; }
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+struct SpinPolicy {
+  int spins = 4000;
+  Clock::duration yield_for = std::chrono::microseconds(2000);
+  static SpinPolicy for_group(int size);  // reads CHORUS_SHM_SPIN and the usable core count
+};
+
+// Waits until ready(). `word` is the futex word whose change makes ready() true, `waiters` its
+// sleepers count. check() runs about every millisecond once spinning is over; it throws to end
+// the wait (deadline passed, peer dead or aborted).
+template <class Ready, class Check>
+void wait_until(Ready&& ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& waiters,
+                const SpinPolicy& policy, Check&& check) {
+  for (int i = 0; i < policy.spins; ++i) {
+    if (ready()) return;
+    cpu_relax();
+  }
+  const auto yield_until = Clock::now() + policy.yield_for;
+  auto next_check = Clock::now() + std::chrono::milliseconds(1);
+  while (true) {
+    for (int i = 0; i < 16; ++i) {
+      if (ready()) return;
+      sched_yield();
+    }
+    auto now = Clock::now();
+    if (now >= next_check) {
+      check();
+      next_check = now + std::chrono::milliseconds(1);
+    }
+    if (now >= yield_until) break;
+  }
+  while (true) {
+    uint32_t seen = word.load(std::memory_order_seq_cst);
+    waiters.fetch_add(1, std::memory_order_seq_cst);
+    if (ready()) {
+      waiters.fetch_sub(1, std::memory_order_seq_cst);
+      return;
+    }
+    futex_wait(&word, seen, std::chrono::milliseconds(20));
+    waiters.fetch_sub(1, std::memory_order_seq_cst);
+    if (ready()) return;
+    check();
+  }
+}
+
+// Tells whether peer processes are still alive: pidfds where the kernel has them (they see a
+// killed child even before its parent reaps it), else kill(pid, 0) plus /proc's zombie state.
+class PeerWatch {
+ public:
+  PeerWatch() = default;
+  ~PeerWatch();
+  PeerWatch(const PeerWatch&) = delete;
+  PeerWatch& operator=(const PeerWatch&) = delete;
+  void watch(int rank, int pid);  // pid <= 0: unknown, always "alive"
+  bool alive(int rank) const;
+
+ private:
+  std::vector<int> pids_, fds_;
+};
+
+}  // namespace chorus::shm

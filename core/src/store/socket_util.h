@@ -1,0 +1,22 @@
+// Thin wrappers over BSD sockets: the only place errno is turned into messages for the stores.
+#pragma once
+
+#include <chrono>
+#include <string>
+
+namespace chorus::net {
+
+// Listening TCP socket on host:port (port 0: any). Returns the fd and sets *bound_port.
+// Throws StoreError naming host:port.
+int listen_on(const std::string& host, int port, int* bound_port);
+
+// Connects to host:port, retrying refused/unreachable attempts until `timeout` passes.
+// Throws StoreError naming host:port and the last error.
+int connect_to(const std::string& host, int port, std::chrono::milliseconds timeout);
+
+void set_nonblocking(int fd);
+
+// Writes all of data before the deadline; false on error or timeout.
+bool send_all(int fd, const char* data, size_t size, std::chrono::steady_clock::time_point deadline);
+
+}  // namespace chorus::net

@@ -1,0 +1,159 @@
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "chorus/core/error.h"
+#include "chorus/core/tcp_store.h"
+#include "store/socket_util.h"
+#include "store/store_util.h"
+#include "store/tcp_wire.h"
+
+namespace chorus {
+
+using Clock = std::chrono::steady_clock;
+using wire::Command;
+using wire::Status;
+
+namespace {
+// Blocking calls on the server carry their own timeout; the client allows this much more for
+// the answer to travel back before it gives up on the server.
+constexpr auto kReplyGrace = std::chrono::seconds(5);
+}  // namespace
+
+TcpStore::TcpStore(std::string host, int port, std::chrono::milliseconds timeout)
+    : Store(timeout), host_(std::move(host)), port_(port) {
+  fd_ = net::connect_to(host_, port_, timeout);
+}
+
+TcpStore::~TcpStore() {
+  if (fd_ >= 0) close(fd_);
+}
+
+std::shared_ptr<TcpStore> TcpStore::serve(const std::string& host, int port, std::chrono::milliseconds timeout) {
+  auto server = std::make_unique<TcpStoreServer>(host, port);
+  auto client = std::make_shared<TcpStore>(host, server->port(), timeout);
+  client->server_ = std::move(server);
+  return client;
+}
+
+std::string TcpStore::describe() const { return detail::concat("TcpStore ", host_, ":", port_); }
+
+std::string TcpStore::call(const std::string& frame, uint32_t id, const std::string& what,
+                           std::chrono::milliseconds limit) {
+  const auto deadline = Clock::now() + limit;
+  if (!net::send_all(fd_, frame.data(), frame.size(), deadline))
+    throw StoreError(detail::concat(describe(), ": cannot send ", what, ": the connection failed"));
+  std::string buf;
+  char chunk[64 * 1024];
+  while (true) {
+    size_t body = 0;
+    if (size_t whole = wire::complete_frame(buf, &body)) {
+      wire::Reader r(std::string_view(buf).substr(4, body));
+      uint32_t got = r.u32();
+      Status status = Status(r.u8());
+      std::string rest = buf.substr(4 + 5, body - 5);
+      buf.erase(0, whole);
+      if (got != id) continue;  // a late answer to a request we gave up on
+      if (status == Status::Timeout)
+        throw StoreError(detail::concat(describe(), ": ", what, " timed out"));
+      if (status == Status::Error) throw StoreError(wire::Reader(rest).str());
+      return rest;
+    }
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0)
+      throw StoreError(detail::concat(describe(), ": no answer to ", what, " within ", limit.count(), " ms"));
+    pollfd p{fd_, POLLIN, 0};
+    int rc = poll(&p, 1, int(std::min<long long>(left.count(), 1 << 30)));
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc <= 0) continue;
+    ssize_t n = recv(fd_, chunk, sizeof(chunk), 0);
+    if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN))
+      throw StoreError(detail::concat(describe(), ": the server closed the connection during ", what));
+    if (n > 0) buf.append(chunk, size_t(n));
+  }
+}
+
+void TcpStore::set(const std::string& key, const std::string& value) {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint32_t id = next_id();
+  call(wire::Writer().u32(id).u8(uint8_t(Command::Set)).str(key).str(value).finish(), id, "set('" + key + "')",
+       timeout());
+}
+
+std::string TcpStore::get(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint32_t id = next_id();
+  std::string what = "get('" + key + "')";
+  try {
+    std::string out = call(wire::Writer().u32(id).u8(uint8_t(Command::Get)).str(key).i64(timeout().count()).finish(),
+                           id, what, timeout() + kReplyGrace);
+    return wire::Reader(out).str();
+  } catch (const StoreError& e) {
+    if (std::string(e.what()).find("timed out") != std::string::npos)
+      throw StoreError(missing_keys_message(describe(), {key}, timeout()));
+    throw;
+  }
+}
+
+int64_t TcpStore::add(const std::string& key, int64_t delta) {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint32_t id = next_id();
+  std::string out = call(wire::Writer().u32(id).u8(uint8_t(Command::Add)).str(key).i64(delta).finish(), id,
+                         "add('" + key + "')", timeout());
+  return wire::Reader(out).i64();
+}
+
+std::string TcpStore::compare_set(const std::string& key, const std::string& expected, const std::string& desired) {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint32_t id = next_id();
+  std::string out =
+      call(wire::Writer().u32(id).u8(uint8_t(Command::CompareSet)).str(key).str(expected).str(desired).finish(), id,
+           "compare_set('" + key + "')", timeout());
+  return wire::Reader(out).str();
+}
+
+void TcpStore::wait(const std::vector<std::string>& keys, std::optional<std::chrono::milliseconds> timeout) {
+  const auto limit = timeout.value_or(this->timeout());
+  std::lock_guard<std::mutex> lock(mu_);
+  uint32_t id = next_id();
+  wire::Writer w;
+  w.u32(id).u8(uint8_t(Command::Wait)).u32(uint32_t(keys.size()));
+  for (const auto& k : keys) w.str(k);
+  w.i64(limit.count());
+  try {
+    call(w.finish(), id, "wait", limit + kReplyGrace);
+  } catch (const StoreError& e) {
+    if (std::string(e.what()).find("timed out") == std::string::npos) throw;
+    // Name exactly the keys still missing.
+    uint32_t cid = next_id();
+    wire::Writer c;
+    std::vector<std::string> missing;
+    for (const auto& k : keys) {
+      c = wire::Writer();
+      c.u32(cid).u8(uint8_t(Command::Check)).u32(1).str(k);
+      if (call(c.finish(), cid, "check", this->timeout()) == std::string(1, '\0')) missing.push_back(k);
+      cid = next_id();
+    }
+    throw StoreError(missing_keys_message(describe(), missing.empty() ? keys : missing, limit));
+  }
+}
+
+bool TcpStore::check(const std::vector<std::string>& keys) {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint32_t id = next_id();
+  wire::Writer w;
+  w.u32(id).u8(uint8_t(Command::Check)).u32(uint32_t(keys.size()));
+  for (const auto& k : keys) w.str(k);
+  return call(w.finish(), id, "check", timeout()) == std::string(1, '\1');
+}
+
+bool TcpStore::delete_key(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint32_t id = next_id();
+  return call(wire::Writer().u32(id).u8(uint8_t(Command::Delete)).str(key).finish(), id,
+              "delete_key('" + key + "')", timeout()) == std::string(1, '\1');
+}
+
+}  // namespace chorus
