@@ -24,11 +24,45 @@ constexpr auto kReplyGrace = std::chrono::seconds(5);
 
 TcpStore::TcpStore(std::string host, int port, std::chrono::milliseconds timeout)
     : Store(timeout), host_(std::move(host)), port_(port) {
-  fd_ = net::connect_to(host_, port_, timeout);
+  idle_.push_back(net::connect_to(host_, port_, timeout));
 }
 
 TcpStore::~TcpStore() {
-  if (fd_ >= 0) close(fd_);
+  for (int fd : idle_) close(fd);
+}
+
+template <class Build>
+std::string TcpStore::call(Build&& build, const std::string& what, std::chrono::milliseconds limit) {
+  int fd = -1;
+  uint32_t id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    id = ++last_id_;
+    if (!idle_.empty()) {
+      fd = idle_.back();
+      idle_.pop_back();
+    }
+  }
+  if (fd < 0) fd = net::connect_to(host_, port_, timeout());
+  wire::Writer w;
+  w.u32(id);
+  build(w);
+  std::string out;
+  try {
+    out = exchange(fd, w.finish(), id, what, limit);
+  } catch (const StoreError& e) {
+    // A connection that timed out on the server's word is still in step; any other is not.
+    if (std::string(e.what()).find("timed out") == std::string::npos) {
+      close(fd);
+      throw;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    idle_.push_back(fd);
+    throw;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  idle_.push_back(fd);
+  return out;
 }
 
 std::shared_ptr<TcpStore> TcpStore::serve(const std::string& host, int port, std::chrono::milliseconds timeout) {
@@ -40,10 +74,10 @@ std::shared_ptr<TcpStore> TcpStore::serve(const std::string& host, int port, std
 
 std::string TcpStore::describe() const { return detail::concat("TcpStore ", host_, ":", port_); }
 
-std::string TcpStore::call(const std::string& frame, uint32_t id, const std::string& what,
-                           std::chrono::milliseconds limit) {
+std::string TcpStore::exchange(int fd, const std::string& frame, uint32_t id, const std::string& what,
+                               std::chrono::milliseconds limit) {
   const auto deadline = Clock::now() + limit;
-  if (!net::send_all(fd_, frame.data(), frame.size(), deadline))
+  if (!net::send_all(fd, frame.data(), frame.size(), deadline))
     throw StoreError(detail::concat(describe(), ": cannot send ", what, ": the connection failed"));
   std::string buf;
   char chunk[64 * 1024];
@@ -64,11 +98,11 @@ std::string TcpStore::call(const std::string& frame, uint32_t id, const std::str
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() <= 0)
       throw StoreError(detail::concat(describe(), ": no answer to ", what, " within ", limit.count(), " ms"));
-    pollfd p{fd_, POLLIN, 0};
+    pollfd p{fd, POLLIN, 0};
     int rc = poll(&p, 1, int(std::min<long long>(left.count(), 1 << 30)));
     if (rc < 0 && errno == EINTR) continue;
     if (rc <= 0) continue;
-    ssize_t n = recv(fd_, chunk, sizeof(chunk), 0);
+    ssize_t n = recv(fd, chunk, sizeof(chunk), 0);
     if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN))
       throw StoreError(detail::concat(describe(), ": the server closed the connection during ", what));
     if (n > 0) buf.append(chunk, size_t(n));
@@ -76,19 +110,13 @@ std::string TcpStore::call(const std::string& frame, uint32_t id, const std::str
 }
 
 void TcpStore::set(const std::string& key, const std::string& value) {
-  std::lock_guard<std::mutex> lock(mu_);
-  uint32_t id = next_id();
-  call(wire::Writer().u32(id).u8(uint8_t(Command::Set)).str(key).str(value).finish(), id, "set('" + key + "')",
-       timeout());
+  call([&](wire::Writer& w) { w.u8(uint8_t(Command::Set)).str(key).str(value); }, "set('" + key + "')", timeout());
 }
 
 std::string TcpStore::get(const std::string& key) {
-  std::lock_guard<std::mutex> lock(mu_);
-  uint32_t id = next_id();
-  std::string what = "get('" + key + "')";
   try {
-    std::string out = call(wire::Writer().u32(id).u8(uint8_t(Command::Get)).str(key).i64(timeout().count()).finish(),
-                           id, what, timeout() + kReplyGrace);
+    std::string out = call([&](wire::Writer& w) { w.u8(uint8_t(Command::Get)).str(key).i64(timeout().count()); },
+                           "get('" + key + "')", timeout() + kReplyGrace);
     return wire::Reader(out).str();
   } catch (const StoreError& e) {
     if (std::string(e.what()).find("timed out") != std::string::npos)
@@ -98,62 +126,49 @@ std::string TcpStore::get(const std::string& key) {
 }
 
 int64_t TcpStore::add(const std::string& key, int64_t delta) {
-  std::lock_guard<std::mutex> lock(mu_);
-  uint32_t id = next_id();
-  std::string out = call(wire::Writer().u32(id).u8(uint8_t(Command::Add)).str(key).i64(delta).finish(), id,
+  std::string out = call([&](wire::Writer& w) { w.u8(uint8_t(Command::Add)).str(key).i64(delta); },
                          "add('" + key + "')", timeout());
   return wire::Reader(out).i64();
 }
 
 std::string TcpStore::compare_set(const std::string& key, const std::string& expected, const std::string& desired) {
-  std::lock_guard<std::mutex> lock(mu_);
-  uint32_t id = next_id();
   std::string out =
-      call(wire::Writer().u32(id).u8(uint8_t(Command::CompareSet)).str(key).str(expected).str(desired).finish(), id,
+      call([&](wire::Writer& w) { w.u8(uint8_t(Command::CompareSet)).str(key).str(expected).str(desired); },
            "compare_set('" + key + "')", timeout());
   return wire::Reader(out).str();
 }
 
 void TcpStore::wait(const std::vector<std::string>& keys, std::optional<std::chrono::milliseconds> timeout) {
   const auto limit = timeout.value_or(this->timeout());
-  std::lock_guard<std::mutex> lock(mu_);
-  uint32_t id = next_id();
-  wire::Writer w;
-  w.u32(id).u8(uint8_t(Command::Wait)).u32(uint32_t(keys.size()));
-  for (const auto& k : keys) w.str(k);
-  w.i64(limit.count());
   try {
-    call(w.finish(), id, "wait", limit + kReplyGrace);
+    call(
+        [&](wire::Writer& w) {
+          w.u8(uint8_t(Command::Wait)).u32(uint32_t(keys.size()));
+          for (const auto& k : keys) w.str(k);
+          w.i64(limit.count());
+        },
+        "wait", limit + kReplyGrace);
   } catch (const StoreError& e) {
     if (std::string(e.what()).find("timed out") == std::string::npos) throw;
-    // Name exactly the keys still missing.
-    uint32_t cid = next_id();
-    wire::Writer c;
-    std::vector<std::string> missing;
-    for (const auto& k : keys) {
-      c = wire::Writer();
-      c.u32(cid).u8(uint8_t(Command::Check)).u32(1).str(k);
-      if (call(c.finish(), cid, "check", this->timeout()) == std::string(1, '\0')) missing.push_back(k);
-      cid = next_id();
-    }
+    std::vector<std::string> missing;  // name exactly the keys still missing
+    for (const auto& k : keys)
+      if (!check({k})) missing.push_back(k);
     throw StoreError(missing_keys_message(describe(), missing.empty() ? keys : missing, limit));
   }
 }
 
 bool TcpStore::check(const std::vector<std::string>& keys) {
-  std::lock_guard<std::mutex> lock(mu_);
-  uint32_t id = next_id();
-  wire::Writer w;
-  w.u32(id).u8(uint8_t(Command::Check)).u32(uint32_t(keys.size()));
-  for (const auto& k : keys) w.str(k);
-  return call(w.finish(), id, "check", timeout()) == std::string(1, '\1');
+  return call(
+             [&](wire::Writer& w) {
+               w.u8(uint8_t(Command::Check)).u32(uint32_t(keys.size()));
+               for (const auto& k : keys) w.str(k);
+             },
+             "check", timeout()) == std::string(1, '\1');
 }
 
 bool TcpStore::delete_key(const std::string& key) {
-  std::lock_guard<std::mutex> lock(mu_);
-  uint32_t id = next_id();
-  return call(wire::Writer().u32(id).u8(uint8_t(Command::Delete)).str(key).finish(), id,
-              "delete_key('" + key + "')", timeout()) == std::string(1, '\1');
+  return call([&](wire::Writer& w) { w.u8(uint8_t(Command::Delete)).str(key); }, "delete_key('" + key + "')",
+              timeout()) == std::string(1, '\1');
 }
 
 }  // namespace chorus

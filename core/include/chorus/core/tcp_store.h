@@ -31,7 +31,8 @@ class TcpStoreServer {
   std::thread thread_;
 };
 
-// A client. Thread-safe: requests from several threads are serialized on one connection.
+// A client. Thread-safe: each request borrows a connection from a small pool (opening another
+// when all are busy), so a thread blocked in get() or wait() never holds up the others.
 class TcpStore : public Store {
  public:
   // Connects to host:port, retrying until `timeout`; then throws StoreError naming host:port.
@@ -57,16 +58,18 @@ class TcpStore : public Store {
   int port() const { return port_; }
 
  private:
-  // Sends one request and returns the response body after the status byte; throws StoreError
-  // (or a timeout StoreError listing `what`) on failure.
-  std::string call(const std::string& frame, uint32_t id, const std::string& what,
-                   std::chrono::milliseconds limit);
-  uint32_t next_id() { return ++last_id_; }
+  // Sends one request (built by `build` for a request id) on a pooled connection and returns
+  // the response after the status byte. Throws StoreError, whose text contains "timed out" when
+  // the server reported a timeout.
+  template <class Build>
+  std::string call(Build&& build, const std::string& what, std::chrono::milliseconds limit);
+  std::string exchange(int fd, const std::string& frame, uint32_t id, const std::string& what,
+                       std::chrono::milliseconds limit);
 
   std::string host_;
   int port_;
-  int fd_ = -1;
   std::mutex mu_;
+  std::vector<int> idle_;  // pooled connections not in use
   uint32_t last_id_ = 0;
   std::unique_ptr<TcpStoreServer> server_;  // set when this client was made by serve()
 };

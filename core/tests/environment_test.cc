@@ -1,0 +1,115 @@
+#include <gtest/gtest.h>
+
+#include "chorus/core/environment.h"
+#include "chorus/core/error.h"
+
+namespace chorus {
+namespace {
+
+TEST(Environment, SingleProcessByDefault) {
+  auto e = Environment::detect(EnvMap{{"HOME", "/root"}});
+  EXPECT_EQ(e.launcher, Launcher::Single);
+  EXPECT_EQ(e.rank, 0);
+  EXPECT_EQ(e.world_size, 1);
+}
+
+TEST(Environment, TorchrunStyle) {
+  auto e = Environment::detect(EnvMap{{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"},
+                                      {"LOCAL_WORLD_SIZE", "4"}, {"GROUP_RANK", "1"}, {"MASTER_ADDR", "10.0.0.1"},
+                                      {"MASTER_PORT", "29500"}, {"TORCHELASTIC_RUN_ID", "abc"},
+                                      {"TORCHELASTIC_USE_AGENT_STORE", "True"}});
+  EXPECT_EQ(e.launcher, Launcher::Torchrun);
+  EXPECT_EQ(e.rank, 5);
+  EXPECT_EQ(e.world_size, 8);
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_EQ(e.local_world_size, 4);
+  EXPECT_EQ(e.node_rank, 1);
+  EXPECT_EQ(e.num_nodes, 2);
+  EXPECT_EQ(e.master_addr, "10.0.0.1");
+  EXPECT_EQ(e.master_port, 29500);
+  EXPECT_TRUE(e.master_port_taken_by_torchrun);
+}
+
+TEST(Environment, PlainEnvNeedsAPort) {
+  EXPECT_THROW(Environment::detect(EnvMap{{"RANK", "0"}, {"WORLD_SIZE", "2"}}), InvalidArgument);
+  auto e = Environment::detect(EnvMap{{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "1234"}});
+  EXPECT_EQ(e.launcher, Launcher::Env);
+  EXPECT_FALSE(e.store_hosted);
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_EQ(e.master_addr, "127.0.0.1");
+}
+
+TEST(Environment, Chorusrun) {
+  auto e = Environment::detect(EnvMap{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"CHORUS_LAUNCHER", "chorusrun"},
+                                      {"CHORUS_STORE_ADDR", "127.0.0.1"}, {"CHORUS_STORE_PORT", "4000"}});
+  EXPECT_EQ(e.launcher, Launcher::Chorusrun);
+  EXPECT_TRUE(e.store_hosted);
+  EXPECT_EQ(e.master_port, 4000);
+}
+
+TEST(Environment, BadValuesAreNamed) {
+  try {
+    Environment::detect(EnvMap{{"RANK", "x"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "1"}});
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("RANK"), std::string::npos);
+  }
+  EXPECT_THROW(Environment::detect(EnvMap{{"RANK", "4"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "1"}}), InvalidArgument);
+}
+
+TEST(Environment, OpenMpi) {
+  auto e = Environment::detect(EnvMap{{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"},
+                                      {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
+  EXPECT_EQ(e.launcher, Launcher::OpenMpi);
+  EXPECT_EQ(e.rank, 3);
+  EXPECT_EQ(e.world_size, 4);
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_EQ(e.node_rank, 1);
+  EXPECT_GT(e.master_port, 0);
+}
+
+TEST(Environment, Pmi) {
+  auto e = Environment::detect(EnvMap{{"PMI_RANK", "2"}, {"PMI_SIZE", "3"}, {"MASTER_PORT", "777"}});
+  EXPECT_EQ(e.launcher, Launcher::Pmi);
+  EXPECT_EQ(e.rank, 2);
+  EXPECT_EQ(e.world_size, 3);
+  EXPECT_EQ(e.master_port, 777);
+}
+
+TEST(Environment, SlurmWithNodeListAndJobPort) {
+  auto e = Environment::detect(EnvMap{{"SLURM_PROCID", "6"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "2"},
+                                      {"SLURM_NODEID", "1"}, {"SLURM_NNODES", "2"}, {"SLURM_TASKS_PER_NODE", "4(x2)"},
+                                      {"SLURM_NODELIST", "node[01-03,07],gpu5"}, {"SLURM_JOB_ID", "123456"}});
+  EXPECT_EQ(e.launcher, Launcher::Slurm);
+  EXPECT_EQ(e.rank, 6);
+  EXPECT_EQ(e.world_size, 8);
+  EXPECT_EQ(e.local_rank, 2);
+  EXPECT_EQ(e.local_world_size, 4);
+  EXPECT_EQ(e.node_rank, 1);
+  EXPECT_EQ(e.master_addr, "node01");
+  EXPECT_EQ(e.master_port, 15000 + 3456);
+  auto m = Environment::detect(EnvMap{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_NODELIST", "a1"},
+                                      {"MASTER_PORT", "999"}, {"MASTER_ADDR", "head"}});
+  EXPECT_EQ(m.master_port, 999);
+  EXPECT_EQ(m.master_addr, "head");
+}
+
+TEST(SlurmNodeList, Expands) {
+  EXPECT_EQ(expand_slurm_nodelist("node[01-03,07],gpu5"),
+            (std::vector<std::string>{"node01", "node02", "node03", "node07", "gpu5"}));
+  EXPECT_EQ(expand_slurm_nodelist("a,b"), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(expand_slurm_nodelist("x[9-11]"), (std::vector<std::string>{"x9", "x10", "x11"}));
+  EXPECT_THROW(expand_slurm_nodelist("node[01-03"), InvalidArgument);
+  EXPECT_THROW(expand_slurm_nodelist("node[05-03]"), InvalidArgument);
+}
+
+TEST(Settings, ParsesAndRejects) {
+  auto s = read_settings(EnvMap{{"CHORUS_TIMEOUT_MS", "1500"}, {"CHORUS_SHM_CHUNK_BYTES", "4096"}});
+  EXPECT_EQ(s.timeout->count(), 1500);
+  EXPECT_EQ(s.shm_chunk_bytes, 4096u);
+  EXPECT_THROW(read_settings(EnvMap{{"CHORUS_TIMEOUT_MS", "soon"}}), InvalidArgument);
+  EXPECT_THROW(read_settings(EnvMap{{"CHORUS_SHM_CHUNK_BYTES", "8"}}), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace chorus

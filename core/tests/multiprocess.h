@@ -1,0 +1,68 @@
+// Runs a test body in W real processes that rendezvous through a TcpStore hosted by the test.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "chorus/core/communicator.h"
+#include "chorus/core/error.h"
+
+namespace chorus::test {
+
+struct RankResult {
+  int exit_code = -1;   // -1: killed by a signal
+  int signal = 0;
+  std::string report;   // what the rank wrote to its report pipe (failures)
+};
+
+struct RankContext {
+  int rank;
+  int world;
+  std::shared_ptr<Store> store;  // a client of the test's TcpStore
+};
+
+// Forks `world` processes; each runs body(ctx) and exits 0, or reports the exception's message
+// and exits 1. Kills everything still running after `limit`.
+std::vector<RankResult> run_ranks(int world, const std::function<void(RankContext&)>& body,
+                                  std::chrono::seconds limit = std::chrono::seconds(300));
+
+// Same, with a Communicator made for each rank.
+std::vector<RankResult> run_group(int world, const std::function<void(Communicator&)>& body,
+                                  CommunicatorOptions options = {},
+                                  std::chrono::seconds limit = std::chrono::seconds(300));
+
+// A gtest failure for each rank that did not exit 0.
+void expect_all_ok(const std::vector<RankResult>& results);
+
+// Inside a rank: throws with the location when cond is false (the parent reports it).
+#define RANK_CHECK(cond, ...)                                                                   \
+  do {                                                                                          \
+    if (!(cond))                                                                                \
+      throw std::runtime_error(::chorus::detail::concat(__FILE__, ":", __LINE__, ": ", #cond, " " \
+                                                        __VA_OPT__(, ) __VA_ARGS__));           \
+  } while (0)
+
+// Runs fn, which must throw E; returns its message. Throws otherwise.
+template <class E, class F>
+std::string expect_throw(F&& fn, const char* where) {
+  try {
+    fn();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    throw std::runtime_error(std::string(where) + ": threw the wrong type: " + e.what());
+  }
+  throw std::runtime_error(std::string(where) + ": did not throw");
+}
+#define RANK_EXPECT_THROW(E, stmt) ::chorus::test::expect_throw<E>([&] { stmt; }, __FILE__ ":" CHORUS_TEST_STR(__LINE__))
+#define CHORUS_TEST_STR2(x) #x
+#define CHORUS_TEST_STR(x) CHORUS_TEST_STR2(x)
+
+// Names of /dev/shm entries made by chorus.
+std::vector<std::string> chorus_shm_entries();
+
+}  // namespace chorus::test
