@@ -15,7 +15,9 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
-  // Runs one call on the calling thread. Blocks until this rank's part is done. Throws
+  // Runs one call on the calling thread. Blocks until this rank's part is done. Collectives come
+  // one at a time; sends and receives may come concurrently with them and with each other, but
+  // never two on the same (peer, direction). Throws
   // InvalidArgument (call.invalid, or another rank's), TimeoutError, PeerFailure or
   // CollectiveMismatch; after the last three the backend stays unusable.
   virtual void run(const Call& call) = 0;

@@ -32,6 +32,7 @@ bool overlaps(const void* a, size_t na, const void* b, size_t nb) {
 class Checker {
  public:
   Checker(Call& c, const Communicator& comm) : c_(c), comm_(comm) {}
+  Checker(const Checker&) = delete;
   void fail(const std::string& why) {
     if (c_.invalid.empty())
       c_.invalid = detail::concat(describe(c_), " on group '", comm_.name(), "' (rank ", comm_.rank(), "): ", why);
@@ -108,9 +109,26 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
   if (size_ > 1) {
     const std::string me = host_identity();
     store_->set(detail::concat("host/", rank_), me);
+    std::vector<std::string> keys;
+    for (int r = 0; r < size_; ++r) keys.push_back(detail::concat("host/", r));
+    try {
+      store_->wait(keys, options_.timeout);
+    } catch (const StoreError&) {
+      std::vector<int> absent;
+      std::string list;
+      for (int r = 0; r < size_; ++r)
+        if (!store_->check({keys[size_t(r)]})) {
+          absent.push_back(r);
+          list += detail::concat(list.empty() ? "" : ", ", r);
+        }
+      throw TimeoutError(detail::concat("group '", options_.name, "': rank ", rank_, " waited ",
+                                        options_.timeout.count(), " ms for ranks ", list,
+                                        " to join; did every rank create the group?"),
+                         absent, "init");
+    }
     std::string elsewhere;
     for (int r = 0; r < size_; ++r) {
-      std::string other = store_->get(detail::concat("host/", r));
+      std::string other = store_->get(keys[size_t(r)]);
       if (other != me) elsewhere += detail::concat(elsewhere.empty() ? "" : ", ", r, " (", other.substr(0, other.find(' ')), ")");
     }
     if (!elsewhere.empty())
@@ -135,14 +153,24 @@ Communicator::~Communicator() {
   }
   queue_cv_.notify_all();
   if (executor_.joinable()) executor_.join();
+  for (auto& [t, work] : p2p_threads_) t.join();
 }
 
 std::string Communicator::backend_name() const { return backend_->name(); }
 
 void Communicator::run(Call& call, Timeout timeout) {
+  if (call.kind == OpKind::Send || call.kind == OpKind::Recv)
+    return run_p2p(call, timeout, take_ticket(call.kind == OpKind::Send, call.root));
   drain();
   std::lock_guard<std::mutex> lock(call_mu_);
-  if (failed_) std::rethrow_exception(failed_);
+  execute(call, timeout);
+}
+
+void Communicator::execute(Call& call, Timeout timeout) {
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    if (failed_) std::rethrow_exception(failed_);
+  }
   call.start = Clock::now();
   call.deadline = call.start + timeout.value_or(options_.timeout);
   try {
@@ -150,10 +178,43 @@ void Communicator::run(Call& call, Timeout timeout) {
   } catch (const InvalidArgument&) {
     throw;
   } catch (const Error&) {
-    failed_ = std::current_exception();
-    backend_->abort(failed_);
+    std::lock_guard<std::mutex> lock(state_mu_);
+    if (!failed_) {
+      failed_ = std::current_exception();
+      backend_->abort(failed_);
+    }
     throw;
   }
+}
+
+uint64_t Communicator::take_ticket(bool send, int peer) {
+  std::lock_guard<std::mutex> lock(p2p_mu_);
+  if (p2p_issued_.empty()) {
+    p2p_issued_.assign(2 * size_t(size_), 0);
+    p2p_done_.assign(2 * size_t(size_), 0);
+  }
+  const size_t channel = size_t(send) * size_t(size_) + size_t(std::clamp(peer, 0, size_ - 1));
+  return p2p_issued_[channel]++;
+}
+
+void Communicator::run_p2p(Call& call, Timeout timeout, uint64_t ticket) {
+  const size_t channel = size_t(call.kind == OpKind::Send) * size_t(size_) + size_t(std::clamp(call.root, 0, size_ - 1));
+  {
+    std::unique_lock<std::mutex> lock(p2p_mu_);
+    p2p_cv_.wait(lock, [&] { return p2p_done_[channel] == ticket; });
+  }
+  struct Turn {  // the next ticket may go once this one is done, whatever happened
+    Communicator* self;
+    size_t channel;
+    ~Turn() {
+      {
+        std::lock_guard<std::mutex> lock(self->p2p_mu_);
+        ++self->p2p_done_[channel];
+      }
+      self->p2p_cv_.notify_all();
+    }
+  } turn{this, channel};
+  execute(call, timeout);
 }
 
 void Communicator::all_reduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op, Timeout timeout) {
@@ -333,31 +394,37 @@ void Communicator::all_to_all_v(const void* in, const std::vector<size_t>& send_
   run(c, timeout);
 }
 
-void Communicator::send(const void* buf, size_t count, DataType dtype, int dst, int tag, Timeout timeout) {
-  Call c = make(OpKind::Send, dtype, count);
-  c.root = dst;
+Call Communicator::make_p2p(OpKind kind, const void* in, void* out, size_t count, DataType dtype, int peer,
+                            int tag) const {
+  Call c = make(kind, dtype, count);
+  c.root = peer;
   c.tag = tag;
-  c.in = buf;
+  c.in = in;
+  c.out = out;
   Checker k(c, *this);
+  const bool sending = kind == OpKind::Send;
   k.dtype();
-  k.rank(dst, "destination");
-  if (dst == rank_) k.fail("a rank cannot send to itself");
+  k.rank(peer, sending ? "destination" : "source");
+  if (peer == rank_) k.fail(sending ? "a rank cannot send to itself" : "a rank cannot receive from itself");
   if (tag < 0) k.fail("tags must be >= 0");
-  k.buffer(buf, count, "buffer");
+  k.buffer(sending ? in : out, count, "buffer");
+  return c;
+}
+
+Call Communicator::make_send(const void* buf, size_t count, DataType dtype, int dst, int tag) const {
+  return make_p2p(OpKind::Send, buf, nullptr, count, dtype, dst, tag);
+}
+Call Communicator::make_recv(void* buf, size_t count, DataType dtype, int src, int tag) const {
+  return make_p2p(OpKind::Recv, nullptr, buf, count, dtype, src, tag);
+}
+
+void Communicator::send(const void* buf, size_t count, DataType dtype, int dst, int tag, Timeout timeout) {
+  Call c = make_send(buf, count, dtype, dst, tag);
   run(c, timeout);
 }
 
 void Communicator::recv(void* buf, size_t count, DataType dtype, int src, int tag, Timeout timeout) {
-  Call c = make(OpKind::Recv, dtype, count);
-  c.root = src;
-  c.tag = tag;
-  c.out = buf;
-  Checker k(c, *this);
-  k.dtype();
-  k.rank(src, "source");
-  if (src == rank_) k.fail("a rank cannot receive from itself");
-  if (tag < 0) k.fail("tags must be >= 0");
-  k.buffer(buf, count, "buffer");
+  Call c = make_recv(buf, count, dtype, src, tag);
   run(c, timeout);
 }
 
@@ -473,13 +540,36 @@ std::shared_ptr<Work> Communicator::all_to_all_v_async(const void* in, std::vect
                                                        Timeout timeout) {
   return submit([=, this] { all_to_all_v(in, send_counts, out, recv_counts, dtype, timeout); });
 }
+std::shared_ptr<Work> Communicator::submit_p2p(Call call, Timeout timeout) {
+  auto work = std::make_shared<Work>();
+  const uint64_t ticket = take_ticket(call.kind == OpKind::Send, call.root);
+  std::lock_guard<std::mutex> lock(p2p_mu_);
+  // Reap the threads of finished transfers.
+  std::erase_if(p2p_threads_, [](auto& entry) {
+    if (!entry.second->is_completed()) return false;
+    entry.first.join();
+    return true;
+  });
+  std::thread t([this, call, timeout, ticket, work]() mutable {
+    std::exception_ptr error;
+    try {
+      run_p2p(call, timeout, ticket);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    work->finish(error);
+  });
+  p2p_threads_.emplace_back(std::move(t), work);
+  return work;
+}
+
 std::shared_ptr<Work> Communicator::send_async(const void* buf, size_t count, DataType dtype, int dst, int tag,
                                                Timeout timeout) {
-  return submit([=, this] { send(buf, count, dtype, dst, tag, timeout); });
+  return submit_p2p(make_send(buf, count, dtype, dst, tag), timeout);
 }
 std::shared_ptr<Work> Communicator::recv_async(void* buf, size_t count, DataType dtype, int src, int tag,
                                                Timeout timeout) {
-  return submit([=, this] { recv(buf, count, dtype, src, tag, timeout); });
+  return submit_p2p(make_recv(buf, count, dtype, src, tag), timeout);
 }
 std::shared_ptr<Work> Communicator::barrier_async(Timeout timeout) {
   return submit([=, this] { barrier(timeout); });

@@ -188,9 +188,10 @@ TEST_P(Sweep, EveryCollectiveDtypeOpAndCount) {
   CommunicatorOptions options;
   options.shm_chunk_bytes = config.chunk_bytes;
   options.timeout = std::chrono::seconds(120);
-  expect_all_ok(run_group(config.world, [&](Communicator& comm) { sweep(comm, config); }, options,
-                          std::chrono::seconds(800)));
-  EXPECT_TRUE(chorus_shm_entries().empty());
+  auto results = run_group(config.world, [&](Communicator& comm) { sweep(comm, config); }, options,
+                           std::chrono::seconds(800));
+  expect_all_ok(results);
+  EXPECT_TRUE(leftover_segments(results).empty());
 }
 
 std::vector<SweepConfig> configs() {

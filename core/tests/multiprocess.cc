@@ -44,6 +44,7 @@ std::vector<RankResult> run_ranks(int world, const std::function<void(RankContex
     pipes.push_back(fds[0]);
   }
   std::vector<RankResult> results(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) results[size_t(r)].pid = pids[size_t(r)];
   const auto deadline = std::chrono::steady_clock::now() + limit;
   int remaining = world;
   while (remaining > 0) {
@@ -93,11 +94,12 @@ void expect_all_ok(const std::vector<RankResult>& results) {
   }
 }
 
-std::vector<std::string> chorus_shm_entries() {
+std::vector<std::string> leftover_segments(const std::vector<RankResult>& ranks) {
   std::vector<std::string> out;
   if (DIR* d = opendir("/dev/shm")) {
     while (dirent* e = readdir(d))
-      if (std::string(e->d_name).rfind("chorus-", 0) == 0) out.push_back(e->d_name);
+      for (const auto& r : ranks)
+        if (std::string(e->d_name).rfind("chorus-" + std::to_string(r.pid) + "-", 0) == 0) out.push_back(e->d_name);
     closedir(d);
   }
   return out;

@@ -17,6 +17,7 @@ struct RankResult {
   int exit_code = -1;   // -1: killed by a signal
   int signal = 0;
   std::string report;   // what the rank wrote to its report pipe (failures)
+  int pid = 0;
 };
 
 struct RankContext {
@@ -62,7 +63,7 @@ std::string expect_throw(F&& fn, const char* where) {
 #define CHORUS_TEST_STR2(x) #x
 #define CHORUS_TEST_STR(x) CHORUS_TEST_STR2(x)
 
-// Names of /dev/shm entries made by chorus.
-std::vector<std::string> chorus_shm_entries();
+// /dev/shm entries left by segments that these ranks created.
+std::vector<std::string> leftover_segments(const std::vector<RankResult>& ranks);
 
 }  // namespace chorus::test

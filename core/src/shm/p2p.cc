@@ -44,7 +44,7 @@ void send(ShmGroup& g, const Call& c) {
     auto has_room = [&] {
       return r.receiver->error.load() != 0 || i - r.receiver->counter.load(std::memory_order_acquire) < 2;
     };
-    g.wait_for_peer(has_room, r.receiver->counter, r.receiver->waiters, dst, what);
+    g.wait_for_peer(has_room, r.receiver->counter, r.receiver->waiters, dst, c, what);
     if (r.receiver->error.load() != 0)
       throw CollectiveMismatch(detail::concat(what, ": rank ", dst, " expected a different message (see its error)"),
                                {});
@@ -69,7 +69,7 @@ void recv(ShmGroup& g, const Call& c) {
   for (size_t k = 0; k < chunks; ++k) {
     const uint32_t i = r.receiver->counter.load(std::memory_order_relaxed);
     auto arrived = [&] { return r.sender->counter.load(std::memory_order_acquire) != i; };
-    g.wait_for_peer(arrived, r.sender->counter, r.sender->waiters, src, what);
+    g.wait_for_peer(arrived, r.sender->counter, r.sender->waiters, src, c, what);
     const ChunkHeader* h = r.header(i);
     if (k == 0 && (!h->first || h->tag != c.tag || h->dtype != uint8_t(c.dtype) || h->count != c.count)) {
       r.receiver->error.store(1);

@@ -15,7 +15,6 @@ class ShmBackend : public Backend {
   void run(const Call& c) override {
     if (c.kind == OpKind::Send || c.kind == OpKind::Recv) {
       if (!c.invalid.empty()) throw InvalidArgument(c.invalid);
-      g_.set_deadline(c);
       return c.kind == OpKind::Send ? send(g_, c) : recv(g_, c);
     }
     g_.start(c);

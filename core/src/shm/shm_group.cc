@@ -81,7 +81,8 @@ void ShmGroup::start(const Call& call) {
   me.calls[call_ & 1].desc = d;
   checked_ = false;
   current_ = describe(call);
-  set_deadline(call);
+  started_ = call.start;
+  deadline_ = call.deadline;
 }
 
 void ShmGroup::sync() {
@@ -97,7 +98,7 @@ void ShmGroup::sync() {
       std::vector<int> missing;
       for (int q = 0; q < world_; ++q)
         if (q != rank_ && !reached(seg_.ctrl(q).seq.load(std::memory_order_acquire), target)) missing.push_back(q);
-      check_peers(missing, call_name());
+      check_peers(missing, call_name(), started_, deadline_);
     });
   }
   if (!checked_) {
@@ -146,7 +147,8 @@ void ShmGroup::validate() {
                            calls);
 }
 
-void ShmGroup::check_peers(const std::vector<int>& awaited, const std::string& what) {
+void ShmGroup::check_peers(const std::vector<int>& awaited, const std::string& what, Clock::time_point started,
+                           Clock::time_point deadline) {
   for (int p = 0; p < world_; ++p) {
     if (p == rank_) continue;
     RankControl& peer = seg_.ctrl(p);
@@ -161,7 +163,7 @@ void ShmGroup::check_peers(const std::vector<int>& awaited, const std::string& w
       default: throw Error(msg);
     }
   }
-  const auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started_);
+  const auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started);
   for (int p : awaited) {
     const uint32_t state = seg_.ctrl(p).state.load();
     if (state == kLeft)
@@ -174,7 +176,7 @@ void ShmGroup::check_peers(const std::vector<int>& awaited, const std::string& w
                                        elapsed.count(), " ms"),
                         p);
   }
-  if (Clock::now() < deadline_) return;
+  if (Clock::now() < deadline) return;
   std::string where;
   for (int p : awaited) {
     const RankControl& c = seg_.ctrl(p);

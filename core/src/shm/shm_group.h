@@ -35,7 +35,7 @@ class ShmGroup {
   Segment& segment() { return seg_; }
 
   // Begins a call (Note [Call check]): publishes its descriptor and counts.
-  void start(const Call& call);
+  void start(const Call& call);  // collectives only, one at a time
   // The current call's inline payload of this rank / of rank r (kInlineBytes).
   uint8_t* my_inline() { return seg_.ctrl(rank_).calls[call_ & 1].data; }
   const uint8_t* inline_of(int r) { return seg_.ctrl(r).calls[call_ & 1].data; }
@@ -47,17 +47,14 @@ class ShmGroup {
   uint8_t* write_slot() { return seg_.slot(rank_, phase_ + 1); }
   const uint8_t* read_slot(int r) { return seg_.slot(r, phase_); }
 
-  // Waits until ready() for a point-to-point transfer with `peer`; `word` changes when ready()
-  // may have become true. Throws like sync() does, naming `what`.
+  // Waits until ready() for point-to-point call `c` with `peer`; `word` changes when ready()
+  // may have become true. Throws like sync() does. Thread-safe: sends and receives on different
+  // channels may wait at the same time as each other and as a collective.
   template <class Ready>
   void wait_for_peer(Ready&& ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& waiters, int peer,
-                     const std::string& what) {
+                     const Call& c, const std::string& what) {
     if (ready()) return;
-    wait_until(ready, word, waiters, policy_, [&] { check_peers({peer}, what); });
-  }
-  void set_deadline(const Call& call) {
-    deadline_ = call.deadline;
-    started_ = call.start;
+    wait_until(ready, word, waiters, policy_, [&] { check_peers({peer}, what, c.start, c.deadline); });
   }
 
   // Publishes this rank's failure so peers stop waiting for it.
@@ -66,7 +63,8 @@ class ShmGroup {
  private:
   void validate();
   // Throws if the deadline passed, a peer in `awaited` died or left, or any peer aborted.
-  void check_peers(const std::vector<int>& awaited, const std::string& what);
+  void check_peers(const std::vector<int>& awaited, const std::string& what, Clock::time_point started,
+                   Clock::time_point deadline);
   std::string call_name() const;
 
   int rank_, world_;

@@ -13,10 +13,13 @@
 // this rank; scatter/reduce_scatter: out == in + rank * count). Any other overlap of in and out
 // is an InvalidArgument. Results are bitwise identical on every rank.
 //
-// Calls from several threads are serialized; the order in which they reach the group is the
-// order every rank must follow. Async variants run on one executor thread per communicator, in
-// submission order; a blocking call first waits for the pending async ones. Buffers must stay
-// alive until the returned Work completes.
+// Collectives from several threads are serialized; the order in which they reach the group is
+// the order every rank must follow. Async collectives run on one executor thread per
+// communicator, in submission order, and a blocking collective first waits for the pending
+// async ones. Sends and receives are ordered per (peer, direction) in the order they are issued,
+// and run independently of collectives and of other peers, so a rank may post send_async to
+// one peer and then block in recv from another. Buffers must stay alive until the returned Work
+// completes.
 #pragma once
 
 #include <chrono>
@@ -39,6 +42,7 @@ namespace chorus {
 
 class Backend;
 struct Call;
+enum class OpKind : uint8_t;
 
 struct CommunicatorOptions {
   std::string backend = "auto";  // "auto" (CHORUS_BACKEND, else the first that can serve) or "shm"
@@ -129,7 +133,15 @@ class Communicator {
  private:
   Communicator(std::shared_ptr<Store> store, int rank, int size, CommunicatorOptions options);
   void run(Call& call, Timeout timeout);  // the one path every call takes
+  void execute(Call& call, Timeout timeout);  // after ordering: the backend, and the aborted state
   std::shared_ptr<Work> submit(std::function<void()> fn);
+  // Point-to-point ordering: a ticket per (peer, direction), taken when the call is issued.
+  uint64_t take_ticket(bool send, int peer);
+  void run_p2p(Call& call, Timeout timeout, uint64_t ticket);
+  std::shared_ptr<Work> submit_p2p(Call call, Timeout timeout);
+  Call make_p2p(OpKind kind, const void* in, void* out, size_t count, DataType dtype, int peer, int tag) const;
+  Call make_send(const void* buf, size_t count, DataType dtype, int dst, int tag) const;
+  Call make_recv(void* buf, size_t count, DataType dtype, int src, int tag) const;
   void drain();  // waits until no async call is queued or running
   void executor_loop();
 
@@ -137,9 +149,15 @@ class Communicator {
   int rank_, size_;
   CommunicatorOptions options_;
   std::unique_ptr<Backend> backend_;
-  std::mutex call_mu_;         // one call at a time reaches the backend
+  std::mutex call_mu_;         // one collective at a time reaches the backend
+  std::mutex state_mu_;
   std::exception_ptr failed_;  // set once aborted
   int splits_ = 0;
+
+  std::mutex p2p_mu_;
+  std::condition_variable p2p_cv_;
+  std::vector<uint64_t> p2p_issued_, p2p_done_;  // per (direction, peer): tickets taken / finished
+  std::vector<std::pair<std::thread, std::shared_ptr<Work>>> p2p_threads_;  // async sends/receives
 
   std::mutex queue_mu_;
   std::condition_variable queue_cv_;
