@@ -1,8 +1,16 @@
 #include "call.h"
 
+#include <time.h>
+
 #include "chorus/core/error.h"
 
 namespace chorus {
+
+Clock::time_point coarse_now() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);  // the same clock as steady_clock, at tick resolution
+  return Clock::time_point(std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec));
+}
 
 std::string_view to_string(OpKind kind) {
   switch (kind) {

@@ -167,11 +167,11 @@ void Communicator::run(Call& call, Timeout timeout) {
 }
 
 void Communicator::execute(Call& call, Timeout timeout) {
-  {
+  if (aborted_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(state_mu_);
-    if (failed_) std::rethrow_exception(failed_);
+    std::rethrow_exception(failed_);
   }
-  call.start = Clock::now();
+  call.start = coarse_now();
   call.deadline = call.start + timeout.value_or(options_.timeout);
   try {
     backend_->run(call);
@@ -182,6 +182,7 @@ void Communicator::execute(Call& call, Timeout timeout) {
     if (!failed_) {
       failed_ = std::current_exception();
       backend_->abort(failed_);
+      aborted_.store(true, std::memory_order_release);
     }
     throw;
   }
@@ -491,6 +492,7 @@ void Communicator::executor_loop() {
 }
 
 void Communicator::drain() {
+  if (busy_.load(std::memory_order_acquire) == 0) return;
   if (std::this_thread::get_id() == executor_.get_id()) return;
   std::unique_lock<std::mutex> lock(queue_mu_);
   queue_cv_.wait(lock, [&] { return busy_ == 0; });

@@ -33,19 +33,25 @@ constexpr size_t kTextBytes = 256;
 // What a rank called, as its peers see it. Plain data, written before the phase that
 // publishes it (release) and read after observing that phase (acquire).
 struct CallDesc {
-  uint64_t call;   // 1-based index of the call in this communicator
   uint64_t count;
+  uint32_t call;     // 1-based index of the call in this communicator (compared for equality)
+  uint32_t ncounts;  // entries of RankControl counts used by this call
   int32_t root;
   uint8_t kind, dtype, op, invalid;
-  uint32_t ncounts;  // entries of RankControl counts used by this call
-  uint32_t reserved;
 };
-static_assert(sizeof(CallDesc) == 32);
+static_assert(sizeof(CallDesc) == 24);
 
+// Note [One line per call]: everything a peer needs to finish a small call sits in one cache
+// line: the descriptor, the inline payload, and the last phase the rank posted during this call.
+// Peers spin on that phase, so a tiny all_reduce or a barrier costs one line transfer per peer.
+// RankControl::seq repeats the phase as the futex word for sleepers.
 struct alignas(kLine) CallLine {
   CallDesc desc;
+  std::atomic<uint32_t> phase;
+  uint32_t reserved;
   uint8_t data[kInlineBytes];  // tiny payloads ride here
 };
+static_assert(sizeof(CallLine) == kLine);
 
 enum RankState : uint32_t { kAbsent = 0, kActive = 1, kLeft = 2, kAborted = 3 };
 enum AbortKind : uint32_t { kAbortNone = 0, kAbortTimeout, kAbortPeerFailure, kAbortMismatch, kAbortOther };

@@ -54,13 +54,18 @@ ShmGroup::~ShmGroup() {
   futex_wake_all(&me.seq);
 }
 
-std::string ShmGroup::call_name() const { return detail::concat(current_, " (call #", call_, ")"); }
+std::string ShmGroup::current() {
+  const CallDesc& d = seg_.ctrl(rank_).calls[call_ & 1].desc;
+  return describe(OpKind(d.kind), DataType(d.dtype), ReduceOp(d.op), d.root, d.count);
+}
+
+std::string ShmGroup::call_name() { return detail::concat(current(), " (call #", call_, ")"); }
 
 void ShmGroup::start(const Call& call) {
   ++call_;
   RankControl& me = seg_.ctrl(rank_);
   CallDesc d{};
-  d.call = call_;
+  d.call = uint32_t(call_);
   d.count = call.count;
   d.root = call.root;
   d.kind = uint8_t(call.kind);
@@ -80,7 +85,6 @@ void ShmGroup::start(const Call& call) {
   }
   me.calls[call_ & 1].desc = d;
   checked_ = false;
-  current_ = describe(call);
   started_ = call.start;
   deadline_ = call.deadline;
 }
@@ -88,16 +92,19 @@ void ShmGroup::start(const Call& call) {
 void ShmGroup::sync() {
   RankControl& me = seg_.ctrl(rank_);
   const uint32_t target = ++phase_;
+  const size_t line = call_ & 1;
+  me.calls[line].phase.store(target, std::memory_order_release);  // Note [One line per call]
   post(me.seq, me.waiters, target);
   for (int p = 0; p < world_; ++p) {
     if (p == rank_) continue;
     RankControl& peer = seg_.ctrl(p);
-    auto ready = [&] { return reached(peer.seq.load(std::memory_order_acquire), target); };
+    auto ready = [&] { return reached(peer.calls[line].phase.load(std::memory_order_acquire), target); };
     if (ready()) continue;
     wait_until(ready, peer.seq, peer.waiters, policy_, [&] {
       std::vector<int> missing;
       for (int q = 0; q < world_; ++q)
-        if (q != rank_ && !reached(seg_.ctrl(q).seq.load(std::memory_order_acquire), target)) missing.push_back(q);
+        if (q != rank_ && !reached(seg_.ctrl(q).calls[line].phase.load(std::memory_order_acquire), target))
+          missing.push_back(q);
       check_peers(missing, call_name(), started_, deadline_);
     });
   }
@@ -124,7 +131,7 @@ void ShmGroup::validate() {
     for (int p = 0; p < world_; ++p)
       if (seg_.ctrl(p).calls[call_ & 1].desc.invalid)
         texts += detail::concat(texts.empty() ? "" : "; ", "rank ", p, ": ", seg_.ctrl(p).invalid_text[call_ & 1]);
-    throw InvalidArgument(detail::concat(current_, " on group '", name_, "': another rank rejected its arguments (",
+    throw InvalidArgument(detail::concat(current(), " on group '", name_, "': another rank rejected its arguments (",
                                          texts, ")"));
   }
   if (!mismatch && OpKind(mine.kind) == OpKind::AllToAllV) {

@@ -50,11 +50,11 @@ class ShmGroup {
   // Waits until ready() for point-to-point call `c` with `peer`; `word` changes when ready()
   // may have become true. Throws like sync() does. Thread-safe: sends and receives on different
   // channels may wait at the same time as each other and as a collective.
-  template <class Ready>
+  template <class Ready, class What>
   void wait_for_peer(Ready&& ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& waiters, int peer,
-                     const Call& c, const std::string& what) {
+                     const Call& c, What&& what) {
     if (ready()) return;
-    wait_until(ready, word, waiters, policy_, [&] { check_peers({peer}, what, c.start, c.deadline); });
+    wait_until(ready, word, waiters, policy_, [&] { check_peers({peer}, what(), c.start, c.deadline); });
   }
 
   // Publishes this rank's failure so peers stop waiting for it.
@@ -65,7 +65,8 @@ class ShmGroup {
   // Throws if the deadline passed, a peer in `awaited` died or left, or any peer aborted.
   void check_peers(const std::vector<int>& awaited, const std::string& what, Clock::time_point started,
                    Clock::time_point deadline);
-  std::string call_name() const;
+  std::string call_name();   // "all_reduce(f32 x 8, sum) (call #12)", built only for messages
+  std::string current();     // the current call as its descriptor says
 
   int rank_, world_;
   std::string name_;
@@ -75,7 +76,6 @@ class ShmGroup {
   uint32_t phase_ = 0;  // last phase this rank posted
   uint64_t call_ = 0;   // index of the current call
   bool checked_ = true;  // the current call's descriptors were compared
-  std::string current_;  // description of the current call, for messages
   Clock::time_point started_, deadline_;
 };
 

@@ -50,7 +50,7 @@ void wait_until(Ready&& ready, std::atomic<uint32_t>& word, std::atomic<uint32_t
                 const SpinPolicy& policy, Check&& check) {
   for (int i = 0; i < policy.spins; ++i) {
     if (ready()) return;
-    cpu_relax();
+    if (i >= 64) cpu_relax();  // the first rounds react at once; then go easy on the sibling
   }
   const auto yield_until = Clock::now() + policy.yield_for;
   auto next_check = Clock::now() + std::chrono::milliseconds(1);

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <chrono>
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -152,6 +153,7 @@ class Communicator {
   std::mutex call_mu_;         // one collective at a time reaches the backend
   std::mutex state_mu_;
   std::exception_ptr failed_;  // set once aborted
+  std::atomic<bool> aborted_{false};  // failed_ is set: the fast path reads only this
   int splits_ = 0;
 
   std::mutex p2p_mu_;
@@ -162,7 +164,7 @@ class Communicator {
   std::mutex queue_mu_;
   std::condition_variable queue_cv_;
   std::deque<std::pair<std::function<void()>, std::shared_ptr<Work>>> queue_;
-  size_t busy_ = 0;  // queued + running
+  std::atomic<size_t> busy_{0};  // queued + running
   bool stopping_ = false;
   std::thread executor_;
 };

@@ -1,0 +1,251 @@
+// chorus-bench: every collective over a size sweep, nccl-tests style. Without a launcher it
+// starts its own ranks (re-executing itself with torchrun-style variables and a store it
+// hosts); under chorusrun, torchrun or mpirun it runs as one of the ranks.
+//
+// Each measurement: warm-up runs, then per iteration fresh input (values depend on the
+// iteration), a barrier, the timed call, and a check of the output against the exact expected
+// values (outside the timed region). Reported: rank 0's median and p95 in microseconds, and
+// algbw/busbw in GB/s with nccl-tests' factors.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+
+#include "bench_ops.h"
+#include "chorus/core/environment.h"
+#include "chorus/core/error.h"
+#include "chorus/core/hash_store.h"
+#include "chorus/core/tcp_store.h"
+
+namespace chorus::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  int np = 2;
+  std::string ops = "barrier,all_reduce,broadcast,reduce,all_gather,gather,scatter,reduce_scatter,all_to_all,send_recv";
+  std::string min_bytes = "8", max_bytes = "64M", sizes;
+  double factor = 2;
+  std::string dtype = "f32";
+  int iters = 0, warmup = 3;
+  size_t chunk_bytes = 0;
+  bool check = true;
+  bool csv = false;
+};
+
+size_t parse_size(const std::string& s) {
+  size_t pos = 0;
+  double v = std::stod(s, &pos);
+  std::string unit = s.substr(pos);
+  if (unit == "K" || unit == "k" || unit == "KiB") v *= 1024;
+  else if (unit == "M" || unit == "MiB") v *= 1024 * 1024;
+  else if (unit == "G" || unit == "GiB") v *= 1024.0 * 1024 * 1024;
+  else if (!unit.empty() && unit != "B") throw InvalidArgument("bad size '" + s + "': use a number with K, M or G");
+  return size_t(v);
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t comma = s.find(',', start);
+    std::string item = s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (!item.empty()) out.push_back(item);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+DataType parse_dtype(const std::string& s) {
+  for (DataType dt : kAllDataTypes)
+    if (to_string(dt) == s) return dt;
+  throw InvalidArgument("unknown dtype '" + s + "': use f32 f64 f16 bf16 i8 u8 i16 i32 i64 bool");
+}
+
+int default_iters(size_t bytes) { return bytes <= 65536 ? 200 : bytes <= (1u << 20) ? 50 : 10; }
+
+double percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, size_t(p * double(v.size())))];
+}
+
+std::shared_ptr<Store> store_for(const Environment& env) {
+  if (env.world_size == 1) return std::make_shared<HashStore>();
+  if (env.store_hosted || env.rank != 0) return std::make_shared<TcpStore>(env.master_addr, env.master_port);
+  return TcpStore::serve(env.master_addr, env.master_port);
+}
+
+int worker(const Options& o) {
+  const Environment env = Environment::detect();
+  CommunicatorOptions co;
+  co.name = "bench";
+  co.shm_chunk_bytes = o.chunk_bytes;
+  co.timeout = std::chrono::minutes(5);
+  auto comm = Communicator::create(store_for(env), env.rank, env.world_size, co);
+  const int rank = comm->rank(), world = comm->size();
+  const DataType dt = parse_dtype(o.dtype);
+
+  std::vector<size_t> sizes;
+  if (!o.sizes.empty()) {
+    for (const auto& s : split(o.sizes)) sizes.push_back(parse_size(s));
+  } else {
+    for (double b = double(parse_size(o.min_bytes)); b <= double(parse_size(o.max_bytes)); b *= o.factor)
+      sizes.push_back(size_t(b));
+  }
+  auto ops = all_ops();
+  std::map<std::string, BenchOp*> by_name;
+  for (auto& op : ops) by_name[op->name] = op.get();
+
+  if (rank == 0) {
+    std::printf("# chorus-bench: %d ranks, backend %s, dtype %s, rank 0's times\n", world,
+                comm->backend_name().c_str(), o.dtype.c_str());
+    if (o.csv) std::printf("op,bytes,median_us,p95_us,algbw_GBps,busbw_GBps,check\n");
+    else std::printf("%-14s %12s %12s %12s %10s %10s %6s\n", "op", "bytes", "median_us", "p95_us", "algbw_GBps",
+                     "busbw_GBps", "check");
+    std::fflush(stdout);
+  }
+  auto report = [&](const std::string& name, size_t bytes, const std::vector<double>& us, double alg, double bus_factor,
+                    bool ok) {
+    if (rank != 0) return;
+    const double med = percentile(us, 0.5), p95 = percentile(us, 0.95);
+    const double algbw = med > 0 ? alg / (med * 1e-6) / 1e9 : 0;
+    const char* check = !o.check ? "-" : ok ? "OK" : "FAIL";
+    if (o.csv)
+      std::printf("%s,%zu,%.2f,%.2f,%.3f,%.3f,%s\n", name.c_str(), bytes, med, p95, algbw, algbw * bus_factor, check);
+    else
+      std::printf("%-14s %12zu %12.2f %12.2f %10.3f %10.3f %6s\n", name.c_str(), bytes, med, p95, algbw,
+                  algbw * bus_factor, check);
+    std::fflush(stdout);
+  };
+
+  bool all_ok = true;
+  for (const auto& name : split(o.ops)) {
+    if (name == "barrier") {
+      const int iters = o.iters ? o.iters : 1000;
+      for (int i = 0; i < o.warmup; ++i) comm->barrier();
+      std::vector<double> us;
+      for (int i = 0; i < iters; ++i) {
+        auto t0 = Clock::now();
+        comm->barrier();
+        us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+      }
+      report("barrier", 0, us, 0, 0, true);
+      continue;
+    }
+    auto it = by_name.find(name);
+    if (it == by_name.end()) throw InvalidArgument("unknown op '" + name + "'");
+    const BenchOp& op = *it->second;
+    if (name == "send_recv" && world < 2) continue;
+    for (size_t bytes : sizes) {
+      const size_t count = op.count_for(bytes, dt, world);
+      Buffers b;
+      op.allocate(b, count, dt, world);
+      const int iters = o.iters ? o.iters : default_iters(bytes);
+      std::vector<double> us;
+      bool ok = true;
+      for (int i = -o.warmup; i < iters; ++i) {
+        op.fill(b, count, dt, rank, world, i + o.warmup);
+        comm->barrier();
+        auto t0 = Clock::now();
+        op.run(*comm, b, count, dt);
+        auto t1 = Clock::now();
+        if (i >= 0) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+        if (o.check) {
+          std::string why = op.verify(b, count, dt, rank, world, i + o.warmup);
+          if (!why.empty()) {
+            std::fprintf(stderr, "chorus-bench: rank %d: %s of %zu bytes: %s\n", rank, name.c_str(), bytes, why.c_str());
+            ok = false;
+          }
+        }
+      }
+      // Every rank's verdict counts.
+      int32_t bad = ok ? 0 : 1;
+      comm->all_reduce(&bad, &bad, 1, DataType::Int32, ReduceOp::Sum);
+      all_ok = all_ok && bad == 0;
+      report(name, bytes, us, op.alg_bytes(count, dt, world), op.bus_factor(world), bad == 0);
+    }
+  }
+  comm->barrier();
+  return all_ok ? 0 : 3;
+}
+
+// Starts np copies of this program as ranks, hosting their store; returns the exit code.
+int spawn(int np, char** argv) {
+  TcpStoreServer server("127.0.0.1", 0);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < np; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      setenv("RANK", std::to_string(r).c_str(), 1);
+      setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+      setenv("WORLD_SIZE", std::to_string(np).c_str(), 1);
+      setenv("LOCAL_WORLD_SIZE", std::to_string(np).c_str(), 1);
+      setenv("MASTER_ADDR", "127.0.0.1", 1);
+      setenv("MASTER_PORT", std::to_string(server.port()).c_str(), 1);
+      setenv("CHORUS_LAUNCHER", "chorusrun", 1);
+      setenv("CHORUS_STORE_ADDR", "127.0.0.1", 1);
+      setenv("CHORUS_STORE_PORT", std::to_string(server.port()).c_str(), 1);
+      setenv("OMP_NUM_THREADS", "1", 0);
+      execv("/proc/self/exe", argv);
+      std::perror("chorus-bench: exec");
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  int result = 0, left = np;
+  while (left > 0) {
+    int status = 0;
+    pid_t pid = wait(&status);
+    if (pid < 0) break;
+    --left;
+    int rank = int(std::find(pids.begin(), pids.end(), pid) - pids.begin());
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
+    if (result == 0) {
+      if (WIFSIGNALED(status)) std::fprintf(stderr, "chorus-bench: rank %d was killed by signal %d\n", rank, WTERMSIG(status));
+      else std::fprintf(stderr, "chorus-bench: rank %d exited with code %d\n", rank, WEXITSTATUS(status));
+      result = 1;
+      for (pid_t p : pids)
+        if (p != pid) kill(p, SIGTERM);
+    }
+  }
+  return result;
+}
+
+}  // namespace
+}  // namespace chorus::bench
+
+int main(int argc, char** argv) {
+  using namespace chorus::bench;
+  Options o;
+  CLI::App app{"chorus-bench: collectives over a size sweep, nccl-tests style (op, bytes, median/p95 us, algbw, busbw)"};
+  app.add_option("-n,--np", o.np, "ranks to start when no launcher started this program")->check(CLI::Range(1, 1024));
+  app.add_option("--ops", o.ops, "comma-separated ops: barrier all_reduce broadcast reduce all_gather gather scatter "
+                                 "reduce_scatter all_to_all send_recv");
+  app.add_option("-b,--min-bytes", o.min_bytes, "smallest message (per rank), e.g. 8, 1K, 4M");
+  app.add_option("-e,--max-bytes", o.max_bytes, "largest message");
+  app.add_option("-f,--step-factor", o.factor, "multiply the size by this between steps")->check(CLI::Range(1.01, 1e9));
+  app.add_option("--sizes", o.sizes, "explicit comma-separated sizes instead of the sweep");
+  app.add_option("-d,--dtype", o.dtype, "f32 f64 f16 bf16 i8 u8 i16 i32 i64 bool");
+  app.add_option("--iters", o.iters, "timed iterations per size (default: 200 up to 64K, 50 up to 1M, then 10)");
+  app.add_option("-w,--warmup", o.warmup, "untimed iterations first");
+  app.add_option("--chunk-bytes", o.chunk_bytes, "shared-memory slot size (default: CHORUS_SHM_CHUNK_BYTES or 256K)");
+  app.add_flag("!--no-check", o.check, "skip verifying results");
+  app.add_flag("--csv", o.csv, "CSV output");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    const bool launched = std::getenv("RANK") || std::getenv("OMPI_COMM_WORLD_RANK") || std::getenv("PMI_RANK") ||
+                          std::getenv("SLURM_PROCID");
+    return launched ? worker(o) : spawn(o.np, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "chorus-bench: %s\n", e.what());
+    return 2;
+  }
+}
