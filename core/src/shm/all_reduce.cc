@@ -10,6 +10,7 @@
 // paths fold in that same order on every rank, so all ranks end with identical bits.
 
 #include "reduce/reduce_kernels.h"
+#include "shm/copy.h"
 #include "shm/algorithms.h"
 
 namespace chorus::shm {
@@ -42,6 +43,7 @@ void all_reduce(ShmGroup& g, const Call& c) {
   const size_t per_round = part * size_t(world);
   const size_t folded_at = per_round * es;
   const size_t rounds = rounds_for(c.count, per_round);
+  const bool stream = bytes >= kStreamMinBytes;  // Note [Streaming stores]
   auto part_begin = [&](size_t k, int q) {
     return k * per_round + in_round(c.count, per_round, k) * size_t(q) / size_t(world);
   };
@@ -58,7 +60,7 @@ void all_reduce(ShmGroup& g, const Call& c) {
     if (k >= 1 && gets_result) {
       for (int q = 0; q < world; ++q) {
         const size_t b = part_begin(k - 1, q), e = part_begin(k - 1, q + 1);
-        copy_bytes(out + b * es, g.read_slot(q) + folded_at, (e - b) * es);
+        copy_out(out + b * es, g.read_slot(q) + folded_at, (e - b) * es, stream);
       }
     }
     if (k < rounds) {

@@ -4,6 +4,7 @@
 // any data moves (what p sends to q must be what q expects from p); the number of rounds comes
 // from the largest block anyone sends.
 #include "shm/algorithms.h"
+#include "shm/copy.h"
 
 namespace chorus::shm {
 
@@ -32,6 +33,7 @@ void all_to_all(ShmGroup& g, const Call& c) {
   if (in + sdispl[size_t(me)] * es != out + rdispl[size_t(me)] * es)
     move_bytes(out + rdispl[size_t(me)] * es, in + sdispl[size_t(me)] * es, sent(me) * es);
   size_t rounds = rounds_for(most, part);
+  const bool stream = most * es >= kStreamMinBytes;  // Note [Streaming stores]
   if (!uneven) rounds = std::max<size_t>(rounds, 1);
   for (size_t k = 0; k < rounds; ++k) {
     uint8_t* slot = g.write_slot();
@@ -42,8 +44,8 @@ void all_to_all(ShmGroup& g, const Call& c) {
     g.sync();
     for (int p = 0; p < world; ++p)
       if (p != me)
-        copy_bytes(out + (rdispl[size_t(p)] + k * part) * es, g.read_slot(p) + size_t(me) * part * es,
-                   in_round(received(p), part, k) * es);
+        copy_out(out + (rdispl[size_t(p)] + k * part) * es, g.read_slot(p) + size_t(me) * part * es,
+                 in_round(received(p), part, k) * es, stream);
   }
 }
 

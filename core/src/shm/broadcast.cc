@@ -3,6 +3,7 @@
 // Tiny messages ride in the root's call line.
 
 #include "shm/algorithms.h"
+#include "shm/copy.h"
 
 namespace chorus::shm {
 
@@ -22,7 +23,7 @@ void broadcast(ShmGroup& g, const Call& c) {
     const size_t n = in_round(bytes, chunk, k);
     if (root) copy_bytes(g.write_slot(), buf + k * chunk, n);
     g.sync();
-    if (!root) copy_bytes(buf + k * chunk, g.read_slot(c.root), n);
+    if (!root) copy_out(buf + k * chunk, g.read_slot(c.root), n, bytes >= kStreamMinBytes);
   }
 }
 

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "shm/algorithms.h"
+#include "shm/copy.h"
 
 namespace chorus::shm {
 
@@ -23,20 +24,26 @@ void gather(ShmGroup& g, const Call& c) {
   const auto* in = static_cast<const uint8_t*>(c.in);
   auto* out = static_cast<uint8_t*>(c.out);
   const size_t mine = count_of(me);
-  if (gets && out + displ[size_t(me)] * es != in) move_bytes(out + displ[size_t(me)] * es, in, mine * es);
-
+  uint8_t* own = out + displ[size_t(me)] * es;
+  const bool in_place = own == in;
   const bool tiny = most * es <= kInlineBytes;
+  const bool stream = most * es >= kStreamMinBytes;  // Note [Streaming stores]
+  if (gets && !in_place && tiny) move_bytes(own, in, mine * es);
+
   const size_t chunk = tiny ? most : g.slot_bytes() / es;
   const size_t rounds = std::max<size_t>(1, rounds_for(most, std::max<size_t>(chunk, 1)));
   for (size_t k = 0; k < rounds; ++k) {
-    // Own data is re-read from `out` when gathered in place, which the copies below never touch.
-    copy_bytes(tiny ? g.my_inline() : g.write_slot(), in + k * chunk * es, in_round(mine, chunk, k) * es);
+    const size_t n = in_round(mine, chunk, k);
+    uint8_t* slot = tiny ? g.my_inline() : g.write_slot();
+    copy_bytes(slot, in + k * chunk * es, n * es);
+    // The own block goes out from the slot while it is in cache: the input is read once.
+    if (gets && !in_place && !tiny) copy_out(own + k * chunk * es, slot, n * es, stream);
     g.sync();
     if (!gets) continue;
     for (int p = 0; p < world; ++p) {
       if (p == me) continue;
       const uint8_t* src = tiny ? g.inline_of(p) : g.read_slot(p);
-      copy_bytes(out + (displ[size_t(p)] + k * chunk) * es, src, in_round(count_of(p), chunk, k) * es);
+      copy_out(out + (displ[size_t(p)] + k * chunk) * es, src, in_round(count_of(p), chunk, k) * es, stream);
     }
   }
 }

@@ -1,6 +1,7 @@
 // Scatter: the root writes, per phase, the next chunk of every other rank's block into that
 // rank's part of its slot; each rank copies its part out. The root keeps its own block locally.
 #include "shm/algorithms.h"
+#include "shm/copy.h"
 
 namespace chorus::shm {
 
@@ -13,6 +14,7 @@ void scatter(ShmGroup& g, const Call& c) {
   if (root && in + size_t(me) * c.count * es != out) move_bytes(out, in + size_t(me) * c.count * es, c.count * es);
   const size_t part = g.slot_bytes() / (size_t(world) * es);
   const size_t rounds = std::max<size_t>(1, rounds_for(c.count, part));
+  const bool stream = c.count * es >= kStreamMinBytes;  // Note [Streaming stores]
   for (size_t k = 0; k < rounds; ++k) {
     const size_t n = in_round(c.count, part, k);
     if (root) {
@@ -21,7 +23,7 @@ void scatter(ShmGroup& g, const Call& c) {
         if (q != me) copy_bytes(slot + size_t(q) * part * es, in + (size_t(q) * c.count + k * part) * es, n * es);
     }
     g.sync();
-    if (!root) copy_bytes(out + k * part * es, g.read_slot(c.root) + size_t(me) * part * es, n * es);
+    if (!root) copy_out(out + k * part * es, g.read_slot(c.root) + size_t(me) * part * es, n * es, stream);
   }
 }
 

@@ -3,7 +3,7 @@
 //   CHORUS_TIMEOUT_MS          default deadline of every blocking call (overrides the group's)
 //   CHORUS_STORE_TIMEOUT_MS    deadline of store connects and waits (default 300000)
 //   CHORUS_BACKEND             backend when the caller says "auto": auto | shm
-//   CHORUS_SHM_CHUNK_BYTES     size of each rank's shared-memory slot (default 262144); small
+//   CHORUS_SHM_CHUNK_BYTES     size of each rank's shared-memory slot (default 524288); small
 //                              values force the multi-chunk paths
 //   CHORUS_SHM_SPIN            busy-wait rounds before yielding (default: 4000, or 50 when
 //                              ranks outnumber cores)
@@ -27,7 +27,7 @@ struct Settings {
   std::optional<std::chrono::milliseconds> timeout;
   std::chrono::milliseconds store_timeout{std::chrono::minutes(5)};
   std::string backend = "auto";
-  size_t shm_chunk_bytes = 256 * 1024;
+  size_t shm_chunk_bytes = 512 * 1024;
   std::optional<int> shm_spin;
   int log_level = 0;
 };
