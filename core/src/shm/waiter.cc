@@ -32,7 +32,7 @@ SpinPolicy SpinPolicy::for_group(int size) {
   int cores = int(std::thread::hardware_concurrency());
   if (sched_getaffinity(0, sizeof(set), &set) == 0) cores = CPU_COUNT(&set);
   const bool oversubscribed = size > cores;
-  p.spins = settings().shm_spin.value_or(oversubscribed ? 50 : 4000);
+  p.spins = settings().shm_spin.value_or(oversubscribed ? 20 : 4000);
   return p;
 }
 

@@ -5,7 +5,7 @@
 //   CHORUS_BACKEND             backend when the caller says "auto": auto | shm
 //   CHORUS_SHM_CHUNK_BYTES     size of each rank's shared-memory slot (default 524288); small
 //                              values force the multi-chunk paths
-//   CHORUS_SHM_SPIN            busy-wait rounds before yielding (default: 4000, or 50 when
+//   CHORUS_SHM_SPIN            busy-wait rounds before yielding (default: 4000, or 20 when
 //                              ranks outnumber cores)
 //   CHORUS_LOG_LEVEL           0 quiet (default), 1 info, 2 debug; on stderr
 #pragma once

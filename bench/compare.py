@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""Runs chorus-bench next to the peers in ../shared/anchors (Open MPI, torch gloo) in one go and
+prints, per world size, each one's median time and busbw and chorus's speed-up over each peer.
+
+  bench/compare.py --build build [--np 2,4,8] [--gloo-np 2] [--out bench-results]
+
+Machines are shared and noisy: compare the ratios of one run, not absolute figures across runs.
+Writes the raw outputs and a combined CSV (world,op,bytes,impl,median_us,busbw_GBps) to --out.
+"""
+import argparse
+import csv
+import os
+import subprocess
+import sys
+
+SIZES = [8, 1024, 65536, 1 << 20, 16 << 20, 64 << 20]
+OPS = ["barrier", "all_reduce", "all_gather", "broadcast"]
+
+
+def run(cmd, env=None, log=None):
+    print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
+    out = subprocess.run(cmd, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
+    if log:
+        with open(log, "w") as f:
+            f.write(out)
+    return out
+
+
+def parse_table(text):
+    """'op bytes median_us [algbw busbw]' lines -> {(op, bytes): (median_us, busbw)}."""
+    rows = {}
+    for line in text.splitlines():
+        parts = line.replace(",", " ").split()
+        if len(parts) < 3 or parts[0].startswith("#") or parts[0] == "op":
+            continue
+        try:
+            op, size, med = parts[0], int(parts[1]), float(parts[2])
+        except ValueError:
+            continue
+        busbw = float(parts[4]) if len(parts) > 4 and parts[0] != "barrier" else 0.0
+        rows[(op, size)] = (med, busbw)
+    return rows
+
+
+def chorus_rows(build, world, ops, out):
+    cmd = [os.path.join(build, "bench", "chorus-bench"), "--np", str(world), "--ops", ",".join(ops),
+           "--sizes", ",".join(str(s) for s in SIZES), "--csv"]
+    text = run(cmd, log=os.path.join(out, f"chorus_w{world}.txt"))
+    rows = {}
+    for line in text.splitlines():
+        if line.startswith("#") or line.startswith("op,"):
+            continue
+        op, size, med, _p95, _alg, bus, check = line.split(",")
+        if check == "FAIL":
+            sys.exit(f"chorus-bench reported a wrong result for {op} {size}")
+        rows[(op, int(size))] = (float(med), float(bus))
+    return rows
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default=os.path.join(here, "..", "build"))
+    ap.add_argument("--anchors", default=os.path.join(here, "..", "..", "shared", "anchors"))
+    ap.add_argument("--np", default="2,4,8")
+    ap.add_argument("--gloo-np", default="2")
+    ap.add_argument("--out", default="bench-results")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    anchors = os.path.abspath(args.anchors)
+
+    mpi_bin = os.path.join(args.out, "mpi_bench")
+    run(["mpicc", "-O2", os.path.join(anchors, "mpi_bench.c"), "-o", mpi_bin])
+    env1 = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+
+    combined = []
+    verdicts = []
+    for world in [int(w) for w in args.np.split(",")]:
+        ops = OPS if world == 2 else ["barrier", "all_reduce"]
+        results = {"chorus": chorus_rows(args.build, world, ops, args.out)}
+        results["mpi"] = parse_table(run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(world), mpi_bin],
+                                         log=os.path.join(args.out, f"mpi_w{world}.txt")))
+        if str(world) in args.gloo_np.split(","):
+            results["gloo"] = parse_table(run(["/usr/bin/python3", os.path.join(anchors, "torch_gloo_bench.py"), str(world)],
+                                              env=env1, log=os.path.join(args.out, f"gloo_w{world}.txt")))
+        peers = [p for p in ("mpi", "gloo") if p in results]
+        print(f"\n## world size {world} (median us; busbw GB/s; speed-up = peer time / chorus time)")
+        header = f"{'op':11s} {'bytes':>9s} {'chorus_us':>10s}" + "".join(f" {p + '_us':>10s}" for p in peers)
+        header += "".join(f" {'x' + p:>8s}" for p in peers) + f" {'chorus_bw':>9s}" + "".join(f" {p + '_bw':>8s}" for p in peers)
+        print(header)
+        for op in ops:
+            for size in ([0] if op == "barrier" else SIZES):
+                c = results["chorus"].get((op, size))
+                if not c:
+                    continue
+                line = f"{op:11s} {size:>9d} {c[0]:>10.2f}"
+                for p in peers:
+                    v = results[p].get((op, size))
+                    line += f" {v[0]:>10.2f}" if v else f" {'-':>10s}"
+                for p in peers:
+                    v = results[p].get((op, size))
+                    line += f" {v[0] / c[0]:>8.2f}" if v else f" {'-':>8s}"
+                line += f" {c[1]:>9.3f}"
+                for p in peers:
+                    v = results[p].get((op, size))
+                    line += f" {v[1]:>8.3f}" if v else f" {'-':>8s}"
+                print(line)
+                for impl, table in results.items():
+                    if (op, size) in table:
+                        combined.append([world, op, size, impl, *table[(op, size)]])
+
+        def check(label, ok):
+            verdicts.append(f"W={world} {label}: {'met' if ok else 'MISSED'}")
+
+        ch, mp = results["chorus"], results["mpi"]
+        check("barrier <= Open MPI", ch[("barrier", 0)][0] <= mp[("barrier", 0)][0])
+        check("8 B all_reduce <= Open MPI", ch[("all_reduce", 8)][0] <= mp[("all_reduce", 8)][0])
+        if world == 2:
+            big = 64 << 20
+            check("64 MiB all_reduce busbw >= 1.5x Open MPI", ch[("all_reduce", big)][1] >= 1.5 * mp[("all_reduce", big)][1])
+            if "gloo" in results:
+                check("64 MiB all_reduce busbw >= 4x torch gloo", ch[("all_reduce", big)][1] >= 4 * results["gloo"][("all_reduce", big)][1])
+            check("64 MiB all_gather >= Open MPI", ch[("all_gather", big)][0] <= mp[("all_gather", big)][0])
+            check("64 MiB broadcast >= Open MPI", ch[("broadcast", big)][0] <= mp[("broadcast", big)][0])
+
+    with open(os.path.join(args.out, "combined.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["world", "op", "bytes", "impl", "median_us", "busbw_GBps"])
+        w.writerows(combined)
+    print("\n## targets (issue 2)")
+    print("\n".join(verdicts))
+
+
+if __name__ == "__main__":
+    main()
