@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs the Debian packages chorus needs to build, test and benchmark, when missing.
+# Usage: scripts/install-deps.sh [--bench]   (--bench adds the peers: Open MPI, python3-torch)
+set -euo pipefail
+
+packages=(cmake g++ make libgtest-dev libcli11-dev libopenblas0-pthread)
+if [[ "${1:-}" == "--bench" ]]; then
+  packages+=(libopenmpi-dev openmpi-bin python3-torch)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [[ ${#missing[@]} -eq 0 ]]; then
+  exit 0
+fi
+echo "chorus: installing ${missing[*]}" >&2
+sudo=""
+if [[ $(id -u) -ne 0 ]]; then
+  command -v sudo >/dev/null || { echo "chorus: need root (or sudo) to install: ${missing[*]}" >&2; exit 1; }
+  sudo="sudo"
+fi
+$sudo apt-get update -q
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
