@@ -1,7 +1,7 @@
 // All-reduce and reduce.
 //
 // Tiny messages (<= kInlineBytes) ride in the call line: one phase, then every rank folds all
-// inputs in rank order 0..W-1. Small messages (<= kOneShotBytes) do the same through the slots
+// inputs in rank order 0..W-1. Small messages (W x bytes <= kOneShotTotalBytes) do the same through the slots
 // (one-shot). Larger ones are two-shot and pipelined: the message goes in rounds; in each round
 // every rank owns 1/W of the round's elements, receives the other ranks' copies of its part,
 // folds them in rank order, and publishes the folded part, which everyone copies out. A phase
@@ -16,7 +16,9 @@
 namespace chorus::shm {
 
 namespace {
-constexpr size_t kOneShotBytes = 64 * 1024;
+// One-shot makes every rank fold all W inputs: W times the work of two-shot's share. Worth it
+// while the total stays small, which with more ranks means smaller messages.
+constexpr size_t kOneShotTotalBytes = 256 * 1024;
 }
 
 void all_reduce(ShmGroup& g, const Call& c) {
@@ -28,7 +30,7 @@ void all_reduce(ShmGroup& g, const Call& c) {
   auto* out = static_cast<uint8_t*>(c.out);
   auto& srcs = source_list(world);
 
-  if (bytes <= kInlineBytes || bytes <= std::min(kOneShotBytes, g.slot_bytes())) {
+  if (bytes <= kInlineBytes || (bytes * size_t(world) <= kOneShotTotalBytes && bytes <= g.slot_bytes())) {
     const bool tiny = bytes <= kInlineBytes;
     copy_bytes(tiny ? g.my_inline() : g.write_slot(), in, bytes);
     g.sync();
