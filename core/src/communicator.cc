@@ -263,70 +263,47 @@ void Communicator::reduce(const void* in, void* out, size_t count, DataType dtyp
 }
 
 void Communicator::all_gather(const void* in, void* out, size_t count, DataType dtype, Timeout timeout) {
-  Call c = make(OpKind::AllGather, dtype, count);
-  c.in = in;
-  c.out = out;
-  Checker k(c, *this);
-  k.dtype();
-  k.buffer(in, count, "input");
-  k.buffer(out, count * size_t(size_), "output");
-  if (c.invalid.empty()) k.aliasing(in, count, out, count * size_t(size_), static_cast<uint8_t*>(out) + rank_ * count * element_size(dtype));
-  run(c, timeout);
+  gather_family(OpKind::AllGather, in, out, count, nullptr, dtype, 0, timeout);
 }
 
 void Communicator::all_gather_v(const void* in, void* out, const std::vector<size_t>& counts, DataType dtype,
                                 Timeout timeout) {
-  Call c = make(OpKind::AllGatherV, dtype, 0);
-  c.in = in;
-  c.out = out;
-  Checker k(c, *this);
-  k.dtype();
-  k.counts(counts, "counts");
-  if (c.invalid.empty()) {
-    c.counts.assign(counts.begin(), counts.end());
-    size_t before = 0;
-    for (int r = 0; r < rank_; ++r) before += counts[size_t(r)];
-    k.buffer(in, counts[size_t(rank_)], "input");
-    k.buffer(out, sum(counts), "output");
-    k.aliasing(in, counts[size_t(rank_)], out, sum(counts), static_cast<uint8_t*>(out) + before * element_size(dtype));
-  }
-  run(c, timeout);
+  gather_family(OpKind::AllGatherV, in, out, 0, &counts, dtype, 0, timeout);
 }
 
 void Communicator::gather(const void* in, void* out, size_t count, DataType dtype, int root, Timeout timeout) {
-  Call c = make(OpKind::Gather, dtype, count);
-  c.root = root;
-  c.in = in;
-  c.out = out;
-  Checker k(c, *this);
-  k.dtype();
-  k.rank(root, "root");
-  k.buffer(in, count, "input");
-  if (c.invalid.empty() && rank_ == root) {
-    k.buffer(out, count * size_t(size_), "output");
-    k.aliasing(in, count, out, count * size_t(size_), static_cast<uint8_t*>(out) + rank_ * count * element_size(dtype));
-  }
-  run(c, timeout);
+  gather_family(OpKind::Gather, in, out, count, nullptr, dtype, root, timeout);
 }
 
 void Communicator::gather_v(const void* in, void* out, const std::vector<size_t>& counts, DataType dtype, int root,
                             Timeout timeout) {
-  Call c = make(OpKind::GatherV, dtype, 0);
+  gather_family(OpKind::GatherV, in, out, 0, &counts, dtype, root, timeout);
+}
+
+void Communicator::gather_family(OpKind kind, const void* in, void* out, size_t count,
+                                 const std::vector<size_t>* counts, DataType dtype, int root, Timeout timeout) {
+  const bool to_all = kind == OpKind::AllGather || kind == OpKind::AllGatherV;
+  Call c = make(kind, dtype, counts ? 0 : count);
   c.root = root;
   c.in = in;
   c.out = out;
   Checker k(c, *this);
   k.dtype();
-  k.rank(root, "root");
-  k.counts(counts, "counts");
+  if (!to_all) k.rank(root, "root");
+  if (counts) k.counts(*counts, "counts");
   if (c.invalid.empty()) {
-    c.counts.assign(counts.begin(), counts.end());
-    size_t before = 0;
-    for (int r = 0; r < rank_; ++r) before += counts[size_t(r)];
-    k.buffer(in, counts[size_t(rank_)], "input");
-    if (rank_ == root) {
-      k.buffer(out, sum(counts), "output");
-      k.aliasing(in, counts[size_t(rank_)], out, sum(counts), static_cast<uint8_t*>(out) + before * element_size(dtype));
+    size_t mine = count, total = count * size_t(size_), before = count * size_t(rank_);
+    if (counts) {
+      c.counts.assign(counts->begin(), counts->end());
+      mine = (*counts)[size_t(rank_)];
+      total = sum(*counts);
+      before = 0;
+      for (int r = 0; r < rank_; ++r) before += (*counts)[size_t(r)];
+    }
+    k.buffer(in, mine, "input");
+    if (to_all || rank_ == root) {
+      k.buffer(out, total, "output");
+      k.aliasing(in, mine, out, total, static_cast<uint8_t*>(out) + before * element_size(dtype));
     }
   }
   run(c, timeout);

@@ -134,6 +134,9 @@ class Communicator {
  private:
   Communicator(std::shared_ptr<Store> store, int rank, int size, CommunicatorOptions options);
   void run(Call& call, Timeout timeout);  // the one path every call takes
+  // all_gather(_v) and gather(_v): one validation; counts null for the even forms.
+  void gather_family(OpKind kind, const void* in, void* out, size_t count, const std::vector<size_t>* counts,
+                     DataType dtype, int root, Timeout timeout);
   void execute(Call& call, Timeout timeout);  // after ordering: the backend, and the aborted state
   std::shared_ptr<Work> submit(std::function<void()> fn);
   // Point-to-point ordering: a ticket per (peer, direction), taken when the call is issued.
