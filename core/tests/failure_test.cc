@@ -186,6 +186,25 @@ TEST(Failure, RecvThatDoesNotMatchTheMessageRaisesOnBothEnds) {
   expect_all_ok(results);
 }
 
+TEST(Failure, RecvFromASilentPeerTimesOutNamingIt) {
+  auto results = run_ranks(2, [](RankContext& ctx) {
+    auto comm = Communicator::create(ctx.store, ctx.rank, ctx.world, with_timeout(30s));
+    int64_t x = 0;
+    if (ctx.rank == 1) {
+      std::this_thread::sleep_for(3s);
+      return;
+    }
+    try {
+      comm->recv(&x, 1, DataType::Int64, 1, 0, 800ms);
+      RANK_CHECK(false, "no timeout");
+    } catch (const TimeoutError& e) {
+      RANK_CHECK(e.missing_ranks() == std::vector<int>{1}, e.what());
+      RANK_CHECK(contains(e.what(), "recv"), e.what());
+    }
+  });
+  expect_all_ok(results);
+}
+
 TEST(Failure, RankThatNeverJoinsTheGroupIsNamed) {
   auto results = run_ranks(3, [](RankContext& ctx) {
     if (ctx.rank == 2) return;

@@ -25,9 +25,9 @@ Ring ring(ShmGroup& g, int src, int dst) {
           base + 2 * sizeof(ChannelEnd), g.segment().layout().p2p_chunk};
 }
 
-std::string message(const ShmGroup& g, const char* what, int peer, int tag, DataType dtype, uint64_t count) {
-  return detail::concat(what, " (", to_string(dtype), " x ", count, ", tag ", tag, ") ", what[0] == 's' ? "to" : "from",
-                        " rank ", peer, " on group '", g.name(), "'");
+std::string message(const char* what, int peer, int tag, DataType dtype, uint64_t count) {
+  return detail::concat(what, "(", to_string(dtype), " x ", count, ", tag ", tag, ") ", what[0] == 's' ? "to" : "from",
+                        " rank ", peer);
 }
 
 }  // namespace
@@ -38,7 +38,7 @@ void send(ShmGroup& g, const Call& c) {
   const size_t bytes = c.count * element_size(c.dtype);
   const auto* buf = static_cast<const uint8_t*>(c.in);
   const size_t chunks = std::max<size_t>(1, rounds_for(bytes, r.chunk));
-  auto what = [&] { return message(g, "send", dst, c.tag, c.dtype, c.count); };
+  auto what = [&] { return message("send", dst, c.tag, c.dtype, c.count); };
   for (size_t k = 0; k < chunks; ++k) {
     const uint32_t i = r.sender->counter.load(std::memory_order_relaxed);
     auto has_room = [&] {
@@ -46,7 +46,7 @@ void send(ShmGroup& g, const Call& c) {
     };
     g.wait_for_peer(has_room, r.receiver->counter, r.receiver->waiters, dst, c, what);
     if (r.receiver->error.load() != 0)
-      throw CollectiveMismatch(detail::concat(what(), ": rank ", dst, " expected a different message (see its error)"),
+      throw CollectiveMismatch(detail::concat(what(), " on group '", g.name(), "': rank ", dst, " expected a different message (see its error)"),
                                {});
     ChunkHeader* h = r.header(i);
     h->bytes = bytes;
@@ -65,7 +65,7 @@ void recv(ShmGroup& g, const Call& c) {
   const size_t bytes = c.count * element_size(c.dtype);
   auto* buf = static_cast<uint8_t*>(c.out);
   const size_t chunks = std::max<size_t>(1, rounds_for(bytes, r.chunk));
-  auto what = [&] { return message(g, "recv", src, c.tag, c.dtype, c.count); };
+  auto what = [&] { return message("recv", src, c.tag, c.dtype, c.count); };
   for (size_t k = 0; k < chunks; ++k) {
     const uint32_t i = r.receiver->counter.load(std::memory_order_relaxed);
     auto arrived = [&] { return r.sender->counter.load(std::memory_order_acquire) != i; };
@@ -75,7 +75,7 @@ void recv(ShmGroup& g, const Call& c) {
       r.receiver->error.store(1);
       futex_wake_all(&r.receiver->counter);
       std::string sent = describe(OpKind::Send, DataType(h->dtype), ReduceOp::Sum, g.rank(), h->count);
-      throw CollectiveMismatch(detail::concat(what(), ": rank ", src, " sent a different message: ", sent, " with tag ",
+      throw CollectiveMismatch(detail::concat(what(), " on group '", g.name(), "': rank ", src, " sent a different message: ", sent, " with tag ",
                                               h->tag, " (messages between two ranks match in order)"),
                                {sent, describe(c)});
     }
