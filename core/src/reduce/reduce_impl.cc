@@ -1,8 +1,7 @@
 // The reduction kernels, compiled once per instruction set (CHORUS_REDUCE_FN names the entry).
 //
-// Work goes in blocks of kBlock elements: the first source is loaded into an accumulator block,
-// each further source is folded in, in source order, and the block is stored. The blocks stay
-// in L1, so n sources cost n reads and one write per element, and the plain loops vectorize.
+// Work goes in blocks of kBlock elements that stay in L1, each source folded in, in source
+// order, so n sources cost n reads and one write per element, and the plain loops vectorize.
 // f16/bf16 are widened to f32 on load and rounded once on store.
 #include <algorithm>
 #include <cstdint>
@@ -18,7 +17,7 @@
 namespace chorus::reduce {
 namespace {
 
-constexpr size_t kBlock = 512;
+constexpr size_t kBlock = 1024;
 
 template <class T>
 using Wide = std::conditional_t<(sizeof(T) < 4), uint32_t, std::make_unsigned_t<T>>;
@@ -59,25 +58,37 @@ struct Xor {
   static T apply(T a, T b) { return T(a ^ b); }
 };
 
-// Same-type fold: the accumulator block has the element type.
+// Same-type fold, block by block. The first two sources are combined straight into the
+// destination (one pass, no staging), later sources fold into it while the block is in L1.
+// Only when the destination is also a later source (its block would be overwritten before it is
+// read) does the block go through a staging buffer.
 template <class T, template <class> class Op>
 void fold_plain(const void* const* srcs, int n, void* dst_v, size_t count, bool mean) {
   T* dst = static_cast<T*>(dst_v);
-  alignas(64) T acc[kBlock];
+  bool staged = false;
+  for (int p = 2; p < n; ++p) staged = staged || srcs[p] == dst_v;
+  alignas(64) T stage[kBlock];
   for (size_t base = 0; base < count; base += kBlock) {
     const size_t m = std::min(kBlock, count - base);
-    std::memcpy(acc, static_cast<const T*>(srcs[0]) + base, m * sizeof(T));
-    for (int p = 1; p < n; ++p) {
+    T* __restrict out = staged ? stage : dst + base;
+    const T* s0 = static_cast<const T*>(srcs[0]) + base;
+    if (n == 1) {
+      std::memmove(out, s0, m * sizeof(T));
+    } else {
+      const T* s1 = static_cast<const T*>(srcs[1]) + base;
+      for (size_t i = 0; i < m; ++i) out[i] = Op<T>::apply(s0[i], s1[i]);
+    }
+    for (int p = 2; p < n; ++p) {
       const T* __restrict s = static_cast<const T*>(srcs[p]) + base;
-      for (size_t i = 0; i < m; ++i) acc[i] = Op<T>::apply(acc[i], s[i]);
+      for (size_t i = 0; i < m; ++i) out[i] = Op<T>::apply(out[i], s[i]);
     }
     if constexpr (std::is_floating_point_v<T>) {
       if (mean) {
         const T div = T(n);
-        for (size_t i = 0; i < m; ++i) acc[i] /= div;
+        for (size_t i = 0; i < m; ++i) out[i] /= div;
       }
     }
-    std::memcpy(dst + base, acc, m * sizeof(T));
+    if (staged) std::memcpy(dst + base, stage, m * sizeof(T));
   }
 }
 
