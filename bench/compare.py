@@ -2,14 +2,17 @@
 """Runs chorus-bench next to the peers in ../shared/anchors (Open MPI, torch gloo) in one go and
 prints, per world size, each one's median time and busbw and chorus's speed-up over each peer.
 
-  bench/compare.py --build build [--np 2,4,8] [--gloo-np 2] [--out bench-results]
+  bench/compare.py --build build [--np 2,4,8] [--gloo-np 2] [--repeat 3] [--out bench-results]
 
 Machines are shared and noisy: compare the ratios of one run, not absolute figures across runs.
+With --repeat N the three are run N times, interleaved, and each figure is the median of the N
+runs' medians, which keeps one disturbed run from deciding a comparison.
 Writes the raw outputs and a combined CSV (world,op,bytes,impl,median_us,busbw_GBps) to --out.
 """
 import argparse
 import csv
 import os
+import statistics
 import subprocess
 import sys
 
@@ -42,10 +45,20 @@ def parse_table(text):
     return rows
 
 
+def median_tables(tables):
+    """Per (op, bytes): the median over runs of the median time, and of the busbw."""
+    keys = set().union(*[t.keys() for t in tables])
+    out = {}
+    for k in keys:
+        runs = [t[k] for t in tables if k in t]
+        out[k] = (statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs))
+    return out
+
+
 def chorus_rows(build, world, ops, out):
     cmd = [os.path.join(build, "bench", "chorus-bench"), "--np", str(world), "--ops", ",".join(ops),
            "--sizes", ",".join(str(s) for s in SIZES), "--csv"]
-    text = run(cmd, log=os.path.join(out, f"chorus_w{world}.txt"))
+    text = run(cmd, log=os.path.join(out, f"chorus_w{world}_{len(os.listdir(out))}.txt"))
     rows = {}
     for line in text.splitlines():
         if line.startswith("#") or line.startswith("op,"):
@@ -65,6 +78,7 @@ def main():
     ap.add_argument("--np", default="2,4,8")
     ap.add_argument("--gloo-np", default="2")
     ap.add_argument("--out", default="bench-results")
+    ap.add_argument("--repeat", type=int, default=1, help="run everything N times, interleaved; report medians")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     anchors = os.path.abspath(args.anchors)
@@ -77,14 +91,20 @@ def main():
     verdicts = []
     for world in [int(w) for w in args.np.split(",")]:
         ops = OPS if world == 2 else ["barrier", "all_reduce"]
-        results = {"chorus": chorus_rows(args.build, world, ops, args.out)}
-        results["mpi"] = parse_table(run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(world), mpi_bin],
-                                         log=os.path.join(args.out, f"mpi_w{world}.txt")))
-        if str(world) in args.gloo_np.split(","):
-            results["gloo"] = parse_table(run(["/usr/bin/python3", os.path.join(anchors, "torch_gloo_bench.py"), str(world)],
-                                              env=env1, log=os.path.join(args.out, f"gloo_w{world}.txt")))
+        runs = {"chorus": [], "mpi": []}
+        with_gloo = str(world) in args.gloo_np.split(",")
+        if with_gloo:
+            runs["gloo"] = []
+        for r in range(args.repeat):
+            runs["chorus"].append(chorus_rows(args.build, world, ops, args.out))
+            runs["mpi"].append(parse_table(run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(world), mpi_bin],
+                                               log=os.path.join(args.out, f"mpi_w{world}_{r}.txt"))))
+            if with_gloo:
+                runs["gloo"].append(parse_table(run(["/usr/bin/python3", os.path.join(anchors, "torch_gloo_bench.py"), str(world)],
+                                                    env=env1, log=os.path.join(args.out, f"gloo_w{world}_{r}.txt"))))
+        results = {impl: median_tables(tables) for impl, tables in runs.items()}
         peers = [p for p in ("mpi", "gloo") if p in results]
-        print(f"\n## world size {world} (median us; busbw GB/s; speed-up = peer time / chorus time)")
+        print(f"\n## world size {world}, {args.repeat} run(s) (median us; busbw GB/s; speed-up = peer time / chorus time)")
         header = f"{'op':11s} {'bytes':>9s} {'chorus_us':>10s}" + "".join(f" {p + '_us':>10s}" for p in peers)
         header += "".join(f" {'x' + p:>8s}" for p in peers) + f" {'chorus_bw':>9s}" + "".join(f" {p + '_bw':>8s}" for p in peers)
         print(header)

@@ -36,9 +36,11 @@ void gather(ShmGroup& g, const Call& c) {
     const size_t n = in_round(mine, chunk, k);
     uint8_t* slot = tiny ? g.my_inline() : g.write_slot();
     copy_bytes(slot, in + k * chunk * es, n * es);
-    // The own block goes out from the slot while it is in cache: the input is read once.
+    g.post();
+    // The own block goes out from the slot while it is in cache (the input is read once), and
+    // while the peers still fill theirs.
     if (gets && !in_place && !tiny) copy_out(own + k * chunk * es, slot, n * es, stream);
-    g.sync();
+    g.wait();
     if (!gets) continue;
     for (int p = 0; p < world; ++p) {
       if (p == me) continue;

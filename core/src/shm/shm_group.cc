@@ -89,12 +89,16 @@ void ShmGroup::start(const Call& call) {
   deadline_ = call.deadline;
 }
 
-void ShmGroup::sync() {
+void ShmGroup::post() {
   RankControl& me = seg_.ctrl(rank_);
   const uint32_t target = ++phase_;
+  me.calls[call_ & 1].phase.store(target, std::memory_order_release);  // Note [One line per call]
+  shm::post(me.seq, me.waiters, target);
+}
+
+void ShmGroup::wait() {
+  const uint32_t target = phase_;
   const size_t line = call_ & 1;
-  me.calls[line].phase.store(target, std::memory_order_release);  // Note [One line per call]
-  post(me.seq, me.waiters, target);
   for (int p = 0; p < world_; ++p) {
     if (p == rank_) continue;
     RankControl& peer = seg_.ctrl(p);

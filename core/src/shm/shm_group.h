@@ -43,7 +43,14 @@ class ShmGroup {
   const uint64_t* counts_of(int r) { return seg_.counts(r, call_); }
 
   // Posts the next phase and waits for every rank to post it (Note [Phases]).
-  void sync();
+  void sync() {
+    post();
+    wait();
+  }
+  // The two halves of sync(), for work that needs neither the peers' data nor a free slot (a
+  // rank's own block): post, do it, then wait.
+  void post();
+  void wait();
   uint8_t* write_slot() { return seg_.slot(rank_, phase_ + 1); }
   const uint8_t* read_slot(int r) { return seg_.slot(r, phase_); }
 
