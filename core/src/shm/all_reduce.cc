@@ -58,13 +58,16 @@ void all_reduce(ShmGroup& g, const Call& c) {
         copy_bytes(slot + (b - k * per_round) * es, in + b * es, (e - b) * es);
       }
     }
-    g.sync();
-    if (k >= 1 && gets_result) {
-      for (int q = 0; q < world; ++q) {
-        const size_t b = part_begin(k - 1, q), e = part_begin(k - 1, q + 1);
-        copy_out(out + b * es, g.read_slot(q) + folded_at, (e - b) * es, stream);
-      }
-    }
+    g.post();
+    auto copy_folded = [&](int q) {  // q's folded part of the previous round, to the output
+      const size_t b = part_begin(k - 1, q), e = part_begin(k - 1, q + 1);
+      copy_out(out + b * es, g.read_slot(q) + folded_at, (e - b) * es, stream);
+    };
+    if (k >= 1 && gets_result) copy_folded(me);  // own part: no need to wait for anyone
+    g.wait();
+    if (k >= 1 && gets_result)
+      for (int q = 0; q < world; ++q)
+        if (q != me) copy_folded(q);
     if (k < rounds) {
       const size_t b = part_begin(k, me), e = part_begin(k, me + 1);
       for (int p = 0; p < world; ++p)
