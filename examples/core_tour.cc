@@ -1,0 +1,31 @@
+// The README's tour of the core, as a program: run it alone, or under a launcher
+// (mpirun -np 4 ./core_tour, or with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set by hand).
+#include <chorus/core/communicator.h>
+#include <chorus/core/environment.h>
+#include <chorus/core/tcp_store.h>
+
+#include <cstdio>
+#include <vector>
+
+int main() {
+  auto env = chorus::Environment::detect();  // torchrun / chorusrun / mpirun / srun / env:// variables
+  auto store = env.rank == 0 && !env.store_hosted
+                   ? chorus::TcpStore::serve(env.master_addr, env.master_port)
+                   : std::make_shared<chorus::TcpStore>(env.master_addr, env.master_port);
+  auto comm = chorus::Communicator::create(store, env.rank, env.world_size, {.timeout = std::chrono::seconds(60)});
+
+  std::vector<float> grad(1 << 20, float(comm->rank() + 1));
+  comm->all_reduce(grad.data(), grad.data(), grad.size(), chorus::DataType::Float32,
+                   chorus::ReduceOp::Mean);  // in place, identical bits on every rank
+  auto work = comm->broadcast_async(grad.data(), grad.size(), chorus::DataType::Float32, /*root=*/0);
+  work->wait();
+  std::vector<int> evens;
+  for (int r = 0; r < comm->size(); r += 2) evens.push_back(r);
+  auto even = comm->split(evens);  // a subgroup; null on ranks not in the list
+
+  const float want = float(comm->size() + 1) / 2;
+  std::printf("rank %d of %d (%s): mean %.2f (want %.2f), in the even group: %s\n", comm->rank(), comm->size(),
+              std::string(chorus::to_string(env.launcher)).c_str(), grad[0], want, even ? "yes" : "no");
+  comm->barrier();  // keep rank 0's store up until everyone is done
+  return grad[0] == want ? 0 : 1;
+}
