@@ -399,7 +399,6 @@ std::shared_ptr<Communicator> Communicator::split(const std::vector<int>& ranks,
   if (it == ranks.end()) return nullptr;
   CommunicatorOptions child = options_;
   child.name = detail::concat(options_.name, "/", generation);
-  if (timeout) child.timeout = *timeout;
   return create(store_, int(it - ranks.begin()), int(ranks.size()), child);
 }
 

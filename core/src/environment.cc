@@ -129,6 +129,9 @@ std::vector<std::string> expand_slurm_nodelist(std::string_view list) {
 
 Environment Environment::detect(const EnvMap& env) {
   Environment e;
+  if (env.count("RANK") != env.count("WORLD_SIZE"))
+    throw InvalidArgument(env.count("RANK") ? "RANK is set but WORLD_SIZE is not: set both, or neither"
+                                            : "WORLD_SIZE is set but RANK is not: set both, or neither");
   if (env.count("RANK") && env.count("WORLD_SIZE")) {
     const bool torchrun = env.count("TORCHELASTIC_RUN_ID") > 0;
     const bool chorusrun = get(env, "CHORUS_LAUNCHER") == "chorusrun";

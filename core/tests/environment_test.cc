@@ -32,6 +32,8 @@ TEST(Environment, TorchrunStyle) {
 
 TEST(Environment, PlainEnvNeedsAPort) {
   EXPECT_THROW(Environment::detect(EnvMap{{"RANK", "0"}, {"WORLD_SIZE", "2"}}), InvalidArgument);
+  EXPECT_THROW(Environment::detect(EnvMap{{"RANK", "0"}}), InvalidArgument);
+  EXPECT_THROW(Environment::detect(EnvMap{{"WORLD_SIZE", "2"}}), InvalidArgument);
   auto e = Environment::detect(EnvMap{{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "1234"}});
   EXPECT_EQ(e.launcher, Launcher::Env);
   EXPECT_FALSE(e.store_hosted);
