@@ -391,7 +391,8 @@ std::shared_ptr<Communicator> Communicator::split(const std::vector<int>& ranks,
   }
   if (ranks.empty()) k.fail("the list of ranks is empty");
   c.counts.assign(ranks.begin(), ranks.end());
-  // The check compares counts element-wise, so the lists must agree on every rank.
+  // Every rank must pass the same list: the call check compares it element by element. The
+  // shared counts area holds size() entries; a longer list repeats a rank and is invalid anyway.
   if (c.counts.size() > size_t(size_)) c.counts.resize(size_t(size_));
   run(c, timeout);
   const int generation = ++splits_;
