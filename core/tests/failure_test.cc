@@ -26,8 +26,8 @@ TEST(Failure, RankThatNeverArrivesIsNamedAtTheDeadline) {
     auto comm = Communicator::create(ctx.store, ctx.rank, ctx.world, with_timeout(1500ms));
     float x = 1;
     comm->all_reduce(&x, &x, 1, DataType::Float32, ReduceOp::Sum);  // everyone once
-    if (ctx.rank == 2) {
-      std::this_thread::sleep_for(4s);  // never calls the next one
+    if (ctx.rank == 2) {  // never calls the next one; stays alive until the others are done
+      ctx.store->wait({"done/0", "done/1"}, 60s);
       return;
     }
     try {
@@ -40,6 +40,7 @@ TEST(Failure, RankThatNeverArrivesIsNamedAtTheDeadline) {
     // Aborted: the next call fails at once with the same cause.
     auto msg = RANK_EXPECT_THROW(TimeoutError, comm->barrier());
     RANK_CHECK(contains(msg, "rank 2"), msg);
+    ctx.store->set("done/" + std::to_string(ctx.rank), "1");
   });
   expect_all_ok(results);
   EXPECT_TRUE(leftover_segments(results).empty());
@@ -190,8 +191,8 @@ TEST(Failure, RecvFromASilentPeerTimesOutNamingIt) {
   auto results = run_ranks(2, [](RankContext& ctx) {
     auto comm = Communicator::create(ctx.store, ctx.rank, ctx.world, with_timeout(30s));
     int64_t x = 0;
-    if (ctx.rank == 1) {
-      std::this_thread::sleep_for(3s);
+    if (ctx.rank == 1) {  // never sends; stays alive until rank 0 is done
+      ctx.store->wait({"done/0"}, 60s);
       return;
     }
     try {
@@ -201,6 +202,7 @@ TEST(Failure, RecvFromASilentPeerTimesOutNamingIt) {
       RANK_CHECK(e.missing_ranks() == std::vector<int>{1}, e.what());
       RANK_CHECK(contains(e.what(), "recv"), e.what());
     }
+    ctx.store->set("done/0", "1");
   });
   expect_all_ok(results);
 }

@@ -54,7 +54,9 @@ TEST(Groups, ManyCreatedAndDestroyedInTurn) {
 TEST(Async, WorkCompletesInOrderAndReportsErrors) {
   CommunicatorOptions options;
   options.timeout = 1500ms;
-  expect_all_ok(run_group(2, [](Communicator& comm) {
+  expect_all_ok(run_ranks(2, [&](RankContext& ctx) {
+    auto owned = Communicator::create(ctx.store, ctx.rank, ctx.world, options);
+    Communicator& comm = *owned;
     std::vector<float> a(100000, float(comm.rank() + 1)), b(1000, 0.0f);
     if (comm.rank() == 0) std::fill(b.begin(), b.end(), 7.0f);
     auto w1 = comm.all_reduce_async(a.data(), a.data(), a.size(), DataType::Float32, ReduceOp::Sum);
@@ -66,8 +68,8 @@ TEST(Async, WorkCompletesInOrderAndReportsErrors) {
     RANK_CHECK(w1->exception() == nullptr);
     comm.barrier();  // a blocking call after async ones
 
-    if (comm.rank() == 1) {
-      std::this_thread::sleep_for(3s);  // rank 1 never joins the next barrier
+    if (comm.rank() == 1) {  // never joins the next barrier; stays alive until rank 0 is done
+      ctx.store->wait({"done/0"}, 60s);
       return;
     }
     auto w = comm.barrier_async();
@@ -76,7 +78,8 @@ TEST(Async, WorkCompletesInOrderAndReportsErrors) {
     auto msg = RANK_EXPECT_THROW(TimeoutError, w->wait());  // the barrier's deadline
     RANK_CHECK(msg.find("rank 1") != std::string::npos, msg);
     RANK_CHECK(w->is_completed() && !w->is_success() && w->exception() != nullptr);
-  }, options));
+    ctx.store->set("done/0", "1");
+  }));
 }
 
 TEST(PointToPoint, RingOfEverySize) {
