@@ -51,6 +51,17 @@ TEST(Groups, ManyCreatedAndDestroyedInTurn) {
   }));
 }
 
+TEST(Groups, RanksWithDifferentSlotSettingsUseRankZeros) {
+  expect_all_ok(run_ranks(3, [](RankContext& ctx) {
+    CommunicatorOptions options;
+    options.shm_chunk_bytes = ctx.rank == 0 ? 4096 : 1 << 20;
+    auto comm = Communicator::create(ctx.store, ctx.rank, ctx.world, options);
+    std::vector<int32_t> x(100000, ctx.rank + 1);
+    comm->all_reduce(x.data(), x.data(), x.size(), DataType::Int32, ReduceOp::Sum);
+    RANK_CHECK(x.front() == 6 && x.back() == 6);
+  }));
+}
+
 TEST(Async, WorkCompletesInOrderAndReportsErrors) {
   CommunicatorOptions options;
   options.timeout = 1500ms;

@@ -68,21 +68,30 @@ Segment::Segment(Store& store, int rank, int world, size_t slot_bytes, Clock::ti
     name = store.get("shm_name");
     fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
     if (fd < 0) fail("cannot open (did rank 0 of group '" + group_name + "' exit?)", name);
-    struct stat st {};
-    if (fstat(fd, &st) != 0 || size_t(st.st_size) != layout_.total) {
-      close(fd);
-      throw InvalidArgument(detail::concat("group '", group_name, "': rank 0 laid out ", st.st_size,
-                                           " bytes of shared memory but this rank expects ", layout_.total,
-                                           ": do all ranks use the same world size and CHORUS_SHM_CHUNK_BYTES?"));
-    }
   }
-  void* p = mmap(nullptr, layout_.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    close(fd);
+    fail("cannot stat", name);
+  }
+  void* p = mmap(nullptr, size_t(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   if (p == MAP_FAILED) {
     shm_unlink(name.c_str());
     fail("cannot map", name);
   }
   base_ = static_cast<uint8_t*>(p);
+  mapped_ = size_t(st.st_size);
+  try {
+    join(store, rank, world, deadline, group_name, name);
+  } catch (...) {
+    munmap(base_, mapped_);  // the destructor does not run for a constructor that throws
+    throw;
+  }
+}
+
+void Segment::join(Store& store, int rank, int world, Clock::time_point deadline, const std::string& group_name,
+                   const std::string& name) {
   if (rank == 0) {
     Header& h = header();
     h.world = uint32_t(world);
@@ -90,17 +99,33 @@ Segment::Segment(Store& store, int rank, int world, size_t slot_bytes, Clock::ti
     h.p2p_chunk = layout_.p2p_chunk;
     h.magic = kMagic;
     store.set("shm_name", name);
-  } else if (header().magic != kMagic || header().world != uint32_t(world)) {
-    munmap(base_, layout_.total);
-    throw InvalidArgument(detail::concat("group '", group_name, "': the shared segment was made for ",
-                                         header().world, " ranks but this rank was told ", world));
+  } else {
+    // The group runs on rank 0's slot size, whatever this rank's settings say.
+    if (header().magic == kMagic && header().world == uint32_t(world))
+      layout_ = Layout(world, header().slot_bytes);
+    if (header().magic != kMagic || header().world != uint32_t(world) || layout_.total != mapped_) {
+      const std::string why = detail::concat("group '", group_name, "': rank 0 made the group for ", header().world,
+                                             " ranks but rank ", rank, " was told ", world,
+                                             ": every rank must pass the same world size");
+      store.set("shm_error", why);  // so the ranks already waiting fail now, not at the deadline
+      shm_unlink(name.c_str());
+      throw InvalidArgument(why);
+    }
   }
   ctrl(rank).pid.store(getpid());
   ctrl(rank).state.store(kActive);
   if (header().attached.fetch_add(1) + 1 == uint32_t(world)) shm_unlink(name.c_str());
 
   // Wait for everyone to map it (Note [Segment lifetime]).
+  auto next_store_check = Clock::now();
   while (header().attached.load() < uint32_t(world)) {
+    if (Clock::now() > next_store_check) {
+      next_store_check = Clock::now() + std::chrono::milliseconds(50);
+      if (store.check({"shm_error"})) {
+        shm_unlink(name.c_str());
+        throw InvalidArgument(store.get("shm_error"));
+      }
+    }
     if (Clock::now() > deadline) {
       shm_unlink(name.c_str());
       std::vector<int> missing;
@@ -110,7 +135,6 @@ Segment::Segment(Store& store, int rank, int world, size_t slot_bytes, Clock::ti
           missing.push_back(r);
           list += (list.empty() ? "" : ", ") + std::to_string(r);
         }
-      munmap(base_, layout_.total);
       throw TimeoutError(detail::concat("group '", group_name, "': ranks ", list,
                                         " never joined the shared-memory rendezvous"),
                          missing, "init");
@@ -120,7 +144,7 @@ Segment::Segment(Store& store, int rank, int world, size_t slot_bytes, Clock::ti
 }
 
 Segment::~Segment() {
-  if (base_) munmap(base_, layout_.total);
+  if (base_) munmap(base_, mapped_);
 }
 
 }  // namespace chorus::shm

@@ -129,8 +129,13 @@ class Segment {
   }
 
  private:
+  // After mapping: check the layout, announce this rank, wait for the others.
+  void join(Store& store, int rank, int world, Clock::time_point deadline, const std::string& group_name,
+            const std::string& name);
+
   Layout layout_;
   uint8_t* base_ = nullptr;
+  size_t mapped_ = 0;
 };
 
 }  // namespace chorus::shm

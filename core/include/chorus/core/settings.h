@@ -3,7 +3,8 @@
 //   CHORUS_TIMEOUT_MS          default deadline of every blocking call (overrides the group's)
 //   CHORUS_STORE_TIMEOUT_MS    deadline of store connects and waits (default 300000)
 //   CHORUS_BACKEND             backend when the caller says "auto": auto | shm
-//   CHORUS_SHM_CHUNK_BYTES     size of each rank's shared-memory slot (default 524288); small
+//   CHORUS_SHM_CHUNK_BYTES     size of each rank's shared-memory slot (default 524288; rank 0's
+//                              value holds for the whole group); small
 //                              values force the multi-chunk paths
 //   CHORUS_SHM_SPIN            busy-wait rounds before yielding (default: 4000, or 20 when
 //                              ranks outnumber cores)
