@@ -106,8 +106,11 @@ TEST(SlurmNodeList, Expands) {
 }
 
 TEST(Settings, ParsesAndRejects) {
-  auto s = read_settings(EnvMap{{"CHORUS_TIMEOUT_MS", "1500"}, {"CHORUS_SHM_CHUNK_BYTES", "4096"}});
+  auto s = read_settings(EnvMap{{"CHORUS_TIMEOUT_MS", "1500"}, {"CHORUS_SHM_CHUNK_BYTES", "4096"},
+                                {"CHORUS_STORE_TIMEOUT_MS", "2500"}, {"CHORUS_BACKEND", "shm"}});
   EXPECT_EQ(s.timeout->count(), 1500);
+  EXPECT_EQ(s.store_timeout.count(), 2500);
+  EXPECT_EQ(s.backend, "shm");
   EXPECT_EQ(s.shm_chunk_bytes, 4096u);
   EXPECT_THROW(read_settings(EnvMap{{"CHORUS_TIMEOUT_MS", "soon"}}), InvalidArgument);
   EXPECT_THROW(read_settings(EnvMap{{"CHORUS_SHM_CHUNK_BYTES", "8"}}), InvalidArgument);

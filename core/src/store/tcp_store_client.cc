@@ -5,6 +5,7 @@
 #include <cerrno>
 
 #include "chorus/core/error.h"
+#include "chorus/core/settings.h"
 #include "chorus/core/tcp_store.h"
 #include "store/socket_util.h"
 #include "store/store_util.h"
@@ -22,9 +23,9 @@ namespace {
 constexpr auto kReplyGrace = std::chrono::seconds(5);
 }  // namespace
 
-TcpStore::TcpStore(std::string host, int port, std::chrono::milliseconds timeout)
-    : Store(timeout), host_(std::move(host)), port_(port) {
-  idle_.push_back(net::connect_to(host_, port_, timeout));
+TcpStore::TcpStore(std::string host, int port, std::optional<std::chrono::milliseconds> timeout)
+    : Store(timeout.value_or(settings().store_timeout)), host_(std::move(host)), port_(port) {
+  idle_.push_back(net::connect_to(host_, port_, this->timeout()));
 }
 
 TcpStore::~TcpStore() {
@@ -65,7 +66,8 @@ std::string TcpStore::call(Build&& build, const std::string& what, std::chrono::
   return out;
 }
 
-std::shared_ptr<TcpStore> TcpStore::serve(const std::string& host, int port, std::chrono::milliseconds timeout) {
+std::shared_ptr<TcpStore> TcpStore::serve(const std::string& host, int port,
+                                          std::optional<std::chrono::milliseconds> timeout) {
   auto server = std::make_unique<TcpStoreServer>(host, port);
   auto client = std::make_shared<TcpStore>(host, server->port(), timeout);
   client->server_ = std::move(server);

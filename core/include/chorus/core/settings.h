@@ -1,14 +1,15 @@
 // Every CHORUS_* setting, read from the process environment in one place (settings.cc).
 //
 //   CHORUS_TIMEOUT_MS          default deadline of every blocking call (overrides the group's)
-//   CHORUS_STORE_TIMEOUT_MS    deadline of store connects and waits (default 300000)
+//   CHORUS_STORE_TIMEOUT_MS    default deadline of TcpStore connects and requests (default 300000)
 //   CHORUS_BACKEND             backend when the caller says "auto": auto | shm
 //   CHORUS_SHM_CHUNK_BYTES     size of each rank's shared-memory slot (default 524288; rank 0's
 //                              value holds for the whole group); small
 //                              values force the multi-chunk paths
 //   CHORUS_SHM_SPIN            busy-wait rounds before yielding (default: 4000, or 20 when
 //                              ranks outnumber cores)
-//   CHORUS_LOG_LEVEL           0 quiet (default), 1 info, 2 debug; on stderr
+//   CHORUS_LOG_LEVEL           0 quiet (default); 1: the backend each group runs on and dropped
+//                              store clients, on stderr
 #pragma once
 
 #include <chrono>

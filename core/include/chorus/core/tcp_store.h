@@ -35,14 +35,15 @@ class TcpStoreServer {
 // when all are busy), so a thread blocked in get() or wait() never holds up the others.
 class TcpStore : public Store {
  public:
-  // Connects to host:port, retrying until `timeout`; then throws StoreError naming host:port.
-  TcpStore(std::string host, int port, std::chrono::milliseconds timeout = std::chrono::minutes(5));
+  // Connects to host:port, retrying until `timeout` (default CHORUS_STORE_TIMEOUT_MS, 5 minutes);
+  // then throws StoreError naming host:port. The timeout also bounds every later request.
+  TcpStore(std::string host, int port, std::optional<std::chrono::milliseconds> timeout = std::nullopt);
   ~TcpStore() override;
 
   // Starts a server on host:port (0: any free port) and returns a client of it that keeps the
   // server alive. port() tells the real port.
   static std::shared_ptr<TcpStore> serve(const std::string& host, int port,
-                                         std::chrono::milliseconds timeout = std::chrono::minutes(5));
+                                         std::optional<std::chrono::milliseconds> timeout = std::nullopt);
 
   using Store::wait;
   void set(const std::string& key, const std::string& value) override;
