@@ -241,8 +241,7 @@ int main(int argc, char** argv) {
   app.add_flag("--csv", o.csv, "CSV output");
   CLI11_PARSE(app, argc, argv);
   try {
-    const bool launched = std::getenv("RANK") || std::getenv("OMPI_COMM_WORLD_RANK") || std::getenv("PMI_RANK") ||
-                          std::getenv("SLURM_PROCID");
+    const bool launched = chorus::Environment::detect().launcher != chorus::Launcher::Single;
     return launched ? worker(o) : spawn(o.np, argv);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "chorus-bench: %s\n", e.what());
