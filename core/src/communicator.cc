@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <optional>
 #include <set>
 
 #include "backend.h"
@@ -51,11 +52,14 @@ class Checker {
   void buffer(const void* p, size_t elems, const char* name) {
     if (!p && elems) fail(detail::concat(name, " is null but must hold ", elems, " elements"));
   }
-  // in and out may be identical (or in may be `in_place_at` within out), or disjoint.
-  void aliasing(const void* in, size_t in_elems, const void* out, size_t out_elems, const void* in_place_at) {
+  // Buffer a may start exactly `a_at` elements into buffer b (the in-place form; none when
+  // nullopt), or be disjoint from it. Skipped once an earlier check failed: the dtype may be
+  // unknown, and the call must still reach the others (Note [Call check]).
+  void aliasing(const void* a, size_t a_elems, const void* b, size_t b_elems, std::optional<size_t> a_at) {
+    if (!c_.invalid.empty()) return;
     const size_t es = element_size(c_.dtype);
-    if (in == in_place_at) return;
-    if (overlaps(in, in_elems * es, out, out_elems * es))
+    if (a_at && a == static_cast<const uint8_t*>(b) + *a_at * es) return;
+    if (overlaps(a, a_elems * es, b, b_elems * es))
       fail("input and output overlap: pass disjoint buffers, or use the documented in-place form");
   }
   void counts(const std::vector<size_t>& v, const char* name) {
@@ -198,7 +202,7 @@ void Communicator::all_reduce(const void* in, void* out, size_t count, DataType 
   k.op();
   k.buffer(in, count, "input");
   k.buffer(out, count, "output");
-  k.aliasing(in, count, out, count, out);
+  k.aliasing(in, count, out, count, 0);
   run(c, timeout);
 }
 
@@ -227,7 +231,7 @@ void Communicator::reduce(const void* in, void* out, size_t count, DataType dtyp
   k.buffer(in, count, "input");
   if (rank_ == root) {
     k.buffer(out, count, "output");
-    k.aliasing(in, count, out, count, out);
+    k.aliasing(in, count, out, count, 0);
   }
   run(c, timeout);
 }
@@ -273,7 +277,7 @@ void Communicator::gather_family(OpKind kind, const void* in, void* out, size_t 
     k.buffer(in, mine, "input");
     if (to_all || rank_ == root) {
       k.buffer(out, total, "output");
-      k.aliasing(in, mine, out, total, static_cast<uint8_t*>(out) + before * element_size(dtype));
+      k.aliasing(in, mine, out, total, before);
     }
   }
   run(c, timeout);
@@ -288,9 +292,9 @@ void Communicator::scatter(const void* in, void* out, size_t count, DataType dty
   k.dtype();
   k.rank(root, "root");
   k.buffer(out, count, "output");
-  if (c.invalid.empty() && rank_ == root) {
+  if (rank_ == root) {
     k.buffer(in, count * size_t(size_), "input");
-    k.aliasing(out, count, in, count * size_t(size_), static_cast<const uint8_t*>(in) + rank_ * count * element_size(dtype));
+    k.aliasing(out, count, in, count * size_t(size_), count * size_t(rank_));
   }
   run(c, timeout);
 }
@@ -306,8 +310,7 @@ void Communicator::reduce_scatter(const void* in, void* out, size_t count, DataT
   k.op();
   k.buffer(in, count * size_t(size_), "input");
   k.buffer(out, count, "output");
-  if (c.invalid.empty())
-    k.aliasing(out, count, in, count * size_t(size_), static_cast<const uint8_t*>(in) + rank_ * count * element_size(dtype));
+  k.aliasing(out, count, in, count * size_t(size_), count * size_t(rank_));
   run(c, timeout);
 }
 
@@ -319,7 +322,7 @@ void Communicator::all_to_all(const void* in, void* out, size_t count, DataType 
   k.dtype();
   k.buffer(in, count * size_t(size_), "input");
   k.buffer(out, count * size_t(size_), "output");
-  if (c.invalid.empty()) k.aliasing(in, count * size_t(size_), out, count * size_t(size_), out);
+  k.aliasing(in, count * size_t(size_), out, count * size_t(size_), 0);
   run(c, timeout);
 }
 
@@ -337,7 +340,7 @@ void Communicator::all_to_all_v(const void* in, const std::vector<size_t>& send_
     c.recv_counts.assign(recv_counts.begin(), recv_counts.end());
     k.buffer(in, sum(send_counts), "input");
     k.buffer(out, sum(recv_counts), "output");
-    k.aliasing(in, sum(send_counts), out, sum(recv_counts), nullptr);
+    k.aliasing(in, sum(send_counts), out, sum(recv_counts), std::nullopt);
   }
   run(c, timeout);
 }

@@ -152,6 +152,12 @@ TEST(Failure, BadArgumentsOnOneRankRaiseOnEveryRankAndTheGroupGoesOn) {
                             comm->all_reduce(ctx.rank == 2 ? nullptr : buf.data(), buf.data(), 8, DataType::Float32, ReduceOp::Sum));
     RANK_CHECK(contains(msg, ctx.rank == 2 ? "input is null" : "rank 2"), msg);
 
+    // An unknown dtype code (a bad cast) on one rank: still an error everywhere, not a hang.
+    msg = RANK_EXPECT_THROW(InvalidArgument, comm->all_reduce(buf.data(), buf.data(), 8,
+                                                              ctx.rank == 0 ? DataType(42) : DataType::Float32,
+                                                              ReduceOp::Sum));
+    RANK_CHECK(contains(msg, ctx.rank == 0 ? "unknown dtype code 42" : "rank 0"), msg);
+
     std::vector<int32_t> ints(4, 3);
     msg = RANK_EXPECT_THROW(InvalidArgument, comm->all_reduce(ints.data(), ints.data(), 4, DataType::Int32, ReduceOp::Mean));
     RANK_CHECK(contains(msg, "mean of i32 would truncate"), msg);

@@ -13,6 +13,12 @@ bool has_counts(OpKind kind) {
   return kind == OpKind::AllGatherV || kind == OpKind::GatherV || kind == OpKind::AllToAllV || kind == OpKind::Split;
 }
 
+// Stores text in a kTextBytes field of shared memory, cut to fit, always terminated.
+void put_text(char* field, const std::string& text) {
+  std::memset(field, 0, kTextBytes);
+  std::memcpy(field, text.data(), std::min(text.size(), kTextBytes - 1));
+}
+
 std::string list_ranks(const std::vector<int>& ranks) {
   std::string s;
   for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
@@ -78,11 +84,7 @@ void ShmGroup::start(const Call& call) {
     std::copy(call.recv_counts.begin(), call.recv_counts.end(), counts + world_);
     d.ncounts = uint32_t(call.counts.size());
   }
-  if (d.invalid) {
-    char* text = me.invalid_text[call_ & 1];
-    std::memset(text, 0, kTextBytes);
-    std::memcpy(text, call.invalid.data(), std::min(call.invalid.size(), kTextBytes - 1));
-  }
+  if (d.invalid) put_text(me.invalid_text[call_ & 1], call.invalid);
   me.calls[call_ & 1].desc = d;
   checked_ = false;
   started_ = call.start;
@@ -208,8 +210,7 @@ void ShmGroup::check_peers(const std::vector<int>& awaited, const std::string& w
 void ShmGroup::abort(AbortKind kind, int about_rank, const std::string& text) {
   RankControl& me = seg_.ctrl(rank_);
   if (me.state.load() == kAborted) return;
-  std::memset(me.abort_text, 0, kTextBytes);
-  std::memcpy(me.abort_text, text.data(), std::min(text.size(), kTextBytes - 1));
+  put_text(me.abort_text, text);
   me.abort_kind.store(kind);
   me.abort_rank.store(about_rank);
   me.state.store(kAborted);
