@@ -20,7 +20,7 @@
 #include "bench_ops.h"
 #include "chorus/core/environment.h"
 #include "chorus/core/error.h"
-#include "chorus/core/hash_store.h"
+#include "chorus/core/rendezvous.h"
 #include "chorus/core/tcp_store.h"
 
 namespace chorus::bench {
@@ -77,19 +77,13 @@ double percentile(std::vector<double> v, double p) {
   return v[std::min(v.size() - 1, size_t(p * double(v.size())))];
 }
 
-std::shared_ptr<Store> store_for(const Environment& env) {
-  if (env.world_size == 1) return std::make_shared<HashStore>();
-  if (env.store_hosted || env.rank != 0) return std::make_shared<TcpStore>(env.master_addr, env.master_port);
-  return TcpStore::serve(env.master_addr, env.master_port);
-}
-
 int worker(const Options& o) {
   const Environment env = Environment::detect();
   CommunicatorOptions co;
   co.name = "bench";
   co.shm_chunk_bytes = o.chunk_bytes;
   co.timeout = std::chrono::minutes(5);
-  auto comm = Communicator::create(store_for(env), env.rank, env.world_size, co);
+  auto comm = Communicator::create(connect_store(env), env.rank, env.world_size, co);
   const int rank = comm->rank(), world = comm->size();
   const DataType dt = parse_dtype(o.dtype);
 

@@ -2,16 +2,14 @@
 // (mpirun -np 4 ./core_tour, or with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set by hand).
 #include <chorus/core/communicator.h>
 #include <chorus/core/environment.h>
-#include <chorus/core/tcp_store.h>
+#include <chorus/core/rendezvous.h>
 
 #include <cstdio>
 #include <vector>
 
 int main() {
   auto env = chorus::Environment::detect();  // torchrun / chorusrun / mpirun / srun / env:// variables
-  auto store = env.rank == 0 && !env.store_hosted
-                   ? chorus::TcpStore::serve(env.master_addr, env.master_port)
-                   : std::make_shared<chorus::TcpStore>(env.master_addr, env.master_port);
+  auto store = chorus::connect_store(env);  // rank 0 serves it unless the launcher does
   auto comm = chorus::Communicator::create(store, env.rank, env.world_size, {.timeout = std::chrono::seconds(60)});
 
   std::vector<float> grad(1 << 20, float(comm->rank() + 1));

@@ -3,7 +3,7 @@
 # Usage: scripts/install-deps.sh [--bench]   (--bench adds the peers: Open MPI, python3-torch)
 set -euo pipefail
 
-packages=(cmake g++ make libgtest-dev libcli11-dev libopenblas0-pthread)
+packages=(cmake g++ make libgtest-dev libcli11-dev libopenblas0-pthread libtorch-dev)
 if [[ "${1:-}" == "--bench" ]]; then
   packages+=(libopenmpi-dev openmpi-bin python3-torch)
 fi

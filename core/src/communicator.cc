@@ -384,6 +384,13 @@ void Communicator::barrier(Timeout timeout) {
   run(c, timeout);
 }
 
+void Communicator::reject(const std::string& operation, const std::string& why, Timeout timeout) {
+  Call c = make(OpKind::Barrier, DataType::UInt8, 0);
+  c.invalid = detail::concat(operation, " on group '", name(), "' (rank ", rank_, "): ", why);
+  run(c, timeout);
+  throw InvalidArgument(c.invalid);  // the backend threw already; this keeps [[noreturn]] honest
+}
+
 std::shared_ptr<Communicator> Communicator::split(const std::vector<int>& ranks, Timeout timeout) {
   Call c = make(OpKind::Split, DataType::UInt8, ranks.size());
   Checker k(c, *this);
@@ -400,10 +407,14 @@ std::shared_ptr<Communicator> Communicator::split(const std::vector<int>& ranks,
   run(c, timeout);
   const int generation = ++splits_;
   auto it = std::find(ranks.begin(), ranks.end(), rank_);
-  if (it == ranks.end()) return nullptr;
-  CommunicatorOptions child = options_;
-  child.name = detail::concat(options_.name, "/", generation);
-  return create(store_, int(it - ranks.begin()), int(ranks.size()), child);
+  std::shared_ptr<Communicator> made;
+  if (it != ranks.end()) {
+    CommunicatorOptions child = options_;
+    child.name = detail::concat(options_.name, "/", generation);
+    made = create(store_, int(it - ranks.begin()), int(ranks.size()), child);
+  }
+  barrier(timeout);  // the members are done with the store
+  return made;
 }
 
 }  // namespace chorus

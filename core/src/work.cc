@@ -31,13 +31,27 @@ std::exception_ptr Work::exception() const {
   return error_;
 }
 
+void Work::on_finish(std::function<void(std::exception_ptr)> fn) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!done_) {
+    callbacks_.push_back(std::move(fn));
+    return;
+  }
+  auto error = error_;
+  lock.unlock();
+  fn(error);
+}
+
 void Work::finish(std::exception_ptr error) {
+  std::vector<std::function<void(std::exception_ptr)>> callbacks;
   {
     std::lock_guard<std::mutex> lock(mu_);
     done_ = true;
-    error_ = std::move(error);
+    error_ = error;
+    callbacks.swap(callbacks_);
   }
   cv_.notify_all();
+  for (auto& fn : callbacks) fn(error);
 }
 
 }  // namespace chorus

@@ -28,7 +28,7 @@ std::vector<RankResult> run_ranks(int world, const std::function<void(RankContex
       std::string report;
       int code = 0;
       try {
-        RankContext ctx{r, world, std::make_shared<TcpStore>("127.0.0.1", port, std::chrono::seconds(60))};
+        RankContext ctx{r, world, std::make_shared<TcpStore>("127.0.0.1", port, std::chrono::seconds(60)), port};
         body(ctx);
       } catch (const std::exception& e) {
         report = e.what();

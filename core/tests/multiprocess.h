@@ -24,6 +24,7 @@ struct RankContext {
   int rank;
   int world;
   std::shared_ptr<Store> store;  // a client of the test's TcpStore
+  int store_port;                // where that store listens, on 127.0.0.1
 };
 
 // Forks `world` processes; each runs body(ctx) and exits 0, or reports the exception's message

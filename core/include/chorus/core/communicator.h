@@ -100,8 +100,13 @@ class Communicator {
   void send(const void* buf, size_t count, DataType dtype, int dst, int tag = 0, Timeout timeout = {});
   void recv(void* buf, size_t count, DataType dtype, int src, int tag = 0, Timeout timeout = {});
   void barrier(Timeout timeout = {});
+  // Collective, for layers built on this one that find this rank's input bad: takes this rank's
+  // place in the group's next collective, whatever the others call, so that every rank raises
+  // InvalidArgument carrying "`operation` on group '<name>' (rank r): `why`". Always throws.
+  [[noreturn]] void reject(const std::string& operation, const std::string& why, Timeout timeout = {});
   // Collective over this group: a new group of `ranks` (their order gives the new ranks).
-  // Returns null on ranks not in the list. Groups live independently.
+  // Returns null on ranks not in the list, after the members have built the new group (so a
+  // non-member may exit, taking a store it hosts with it). Groups live independently.
   std::shared_ptr<Communicator> split(const std::vector<int>& ranks, Timeout timeout = {});
 
   std::shared_ptr<Work> all_reduce_async(const void* in, void* out, size_t count, DataType dtype, ReduceOp op,

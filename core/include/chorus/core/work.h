@@ -4,8 +4,10 @@
 #include <chrono>
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <optional>
+#include <vector>
 
 namespace chorus {
 
@@ -21,10 +23,18 @@ class Work {
   // Non-blocking: the operation's error, or null while it runs or when it succeeded.
   std::exception_ptr exception() const;
 
-  // For the executor: marks the operation finished. Thread-safe; wakes waiters.
+  // Runs fn(error) once the operation finishes: on the finishing thread, or at once on this
+  // thread when it already has. fn must not throw, block, or wait on this Work.
+  void on_finish(std::function<void(std::exception_ptr)> fn);
+
+  // For the executor: marks the operation finished, then runs the on_finish callbacks.
+  // Thread-safe; wakes waiters.
   void finish(std::exception_ptr error);
 
+  virtual ~Work() = default;
+
  private:
+  std::vector<std::function<void(std::exception_ptr)>> callbacks_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;

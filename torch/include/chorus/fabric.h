@@ -1,0 +1,96 @@
+// Lightning Fabric's distributed operations.
+//
+//   chorus::Fabric fabric({.devices = 4});
+//   fabric.launch();                       // 4 processes here, or whatever a launcher started
+//   auto mean_loss = fabric.all_reduce(loss);
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
+
+#include <chrono>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include "chorus/process_group.h"
+
+namespace chorus {
+
+struct FabricOptions {
+  std::string accelerator = "cpu";  // "cpu" (or "auto"): this build drives CPUs only
+  int devices = 1;                  // processes on this machine when no launcher started us
+  int num_nodes = 1;
+  std::string strategy = "ddp";
+  std::string backend = "auto";
+  std::chrono::milliseconds timeout = std::chrono::minutes(30);
+};
+
+class Fabric {
+ public:
+  // Not collective. Throws InvalidArgument for an accelerator, strategy or device count this
+  // build cannot serve.
+  explicit Fabric(FabricOptions options = {});
+
+  // Collective over the job. When no launcher started this program and devices > 1, starts
+  // devices - 1 more copies of it (same arguments) as local ranks 1..devices-1 and becomes rank
+  // 0; then joins the default group. Every rank returns. Children die with the parent, and the
+  // parent's exit waits for them and reports any that failed.
+  void launch();
+
+  int global_rank() const;
+  int local_rank() const;
+  int node_rank() const;
+  int world_size() const;
+  bool is_global_zero() const { return global_rank() == 0; }
+  const FabricOptions& options() const { return options_; }
+
+  // Collective. The name appears in errors (a timeout names the barrier).
+  void barrier(const std::string& name = "");
+  // Collective: src's tensor on every rank (shapes and dtypes may differ before the call).
+  at::Tensor broadcast(const at::Tensor& t, int src = 0);
+  // Collective: src's object (any IValue: tensors, dicts, lists, tuples, strings, numbers).
+  c10::IValue broadcast(const c10::IValue& obj, int src = 0);
+  // Collective over group (default: the world): stacked (W, ...). With sync_grads the result
+  // is differentiable (see all_gather_with_grad).
+  at::Tensor all_gather(const at::Tensor& t, std::shared_ptr<ProcessGroup> group = nullptr, bool sync_grads = false);
+  // Every tensor and number leaf of a collection stacked (W, ...); containers kept.
+  c10::IValue all_gather(const c10::IValue& data, std::shared_ptr<ProcessGroup> group = nullptr,
+                         bool sync_grads = false);
+  // Collective: a new tensor, the reduction over the group (Mean: floating types only).
+  at::Tensor all_reduce(const at::Tensor& t, std::shared_ptr<ProcessGroup> group = nullptr,
+                        ReduceOp op = ReduceOp::Mean);
+  at::Tensor all_reduce(const at::Tensor& t, std::shared_ptr<ProcessGroup> group, std::string_view op);
+  // Every tensor and number leaf reduced (numbers come back as numbers); containers kept.
+  c10::IValue all_reduce(const c10::IValue& data, std::shared_ptr<ProcessGroup> group = nullptr,
+                         ReduceOp op = ReduceOp::Mean);
+  c10::IValue all_reduce(const c10::IValue& data, std::shared_ptr<ProcessGroup> group, std::string_view op);
+
+  at::Device device() const { return at::Device(at::kCPU); }
+  at::Tensor to_device(const at::Tensor& t) const;
+  c10::IValue to_device(const c10::IValue& data) const;
+
+  // Not collective: prints args separated by spaces and a newline, on global rank 0 only.
+  template <class... Args>
+  void print(Args&&... args) const {
+    if (global_rank() != 0) return;
+    bool first = true;
+    ((std::cout << (first ? "" : " ") << args, first = false), ...);
+    std::cout << std::endl;
+  }
+
+  // Collective: rank 0 (of the node, when local) runs fn first, then the others. If it fails,
+  // every rank raises an Error carrying its message.
+  void rank_zero_first(const std::function<void()>& fn, bool local = false);
+
+ private:
+  ProcessGroup& world() const;
+  ProcessGroup& node_group();
+
+  FabricOptions options_;
+  Environment env_;
+  std::shared_ptr<ProcessGroup> node_;
+};
+
+}  // namespace chorus

@@ -1,0 +1,147 @@
+// Process groups on tensors: the torch.distributed-style layer over a core Communicator.
+//
+// Every collective here is collective over its group (the Communicator's rules hold: same calls,
+// same order, same dtype and element count on every rank). Tensors may be of any shape, 0-d,
+// empty or non-contiguous, of dtype f32 f64 f16 bf16 i8 u8 i16 i32 i64 bool, or complex (moved
+// as pairs of reals; sum and mean only). They must live on the CPU. A bad tensor on one rank
+// raises InvalidArgument on every rank.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "chorus/core/communicator.h"
+#include "chorus/core/dtype.h"
+#include "chorus/core/environment.h"
+#include "chorus/core/error.h"
+#include "chorus/core/work.h"
+
+namespace chorus {
+
+struct InitOptions {
+  std::string backend = "auto";                                  // "auto" or "shm"
+  std::chrono::milliseconds timeout = std::chrono::minutes(30);  // default deadline of every call
+};
+
+// The handle of an asynchronous tensor collective. Keeps the tensors it reads and writes alive
+// until it finishes.
+class TensorWork : public Work {
+ public:
+  explicit TensorWork(std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep = {})
+      : outputs_(std::move(outputs)), keep_(std::move(keep)) {}
+  // Blocks like wait() (and throws what it throws), then returns the collective's new tensors:
+  // one for all_gather, gather (none off the destination), scatter, reduce_scatter, all_to_all;
+  // one per rank for all_gather_v; none for the in-place collectives.
+  std::vector<at::Tensor> result(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+
+ private:
+  friend class ProcessGroup;
+  std::vector<at::Tensor> outputs_;
+  std::vector<at::Tensor> keep_;
+};
+
+class ProcessGroup {
+ public:
+  // Wraps a communicator; ranks[i] is the default group's rank of this group's rank i.
+  ProcessGroup(std::shared_ptr<Communicator> comm, std::vector<int> ranks);
+
+  int rank() const { return comm_->rank(); }
+  int size() const { return comm_->size(); }
+  const std::string& name() const { return comm_->name(); }
+  // The default group's rank of this group's rank r.
+  int global_rank(int r) const { return ranks_.at(size_t(r)); }
+  const std::vector<int>& ranks() const { return ranks_; }
+  Communicator& communicator() { return *comm_; }
+
+  // In place: t becomes the reduction over ranks (rank order, identical bits everywhere).
+  void all_reduce_(at::Tensor& t, ReduceOp op = ReduceOp::Sum);
+  // In place: every rank's t becomes src's t (same shape and dtype everywhere).
+  void broadcast_(at::Tensor& t, int src = 0);
+  // In place on dst: t becomes the reduction; other ranks' t is left as it was.
+  void reduce_(at::Tensor& t, int dst, ReduceOp op = ReduceOp::Sum);
+  // Every rank's t stacked in rank order: (size(), *t.sizes()).
+  at::Tensor all_gather(const at::Tensor& t);
+  // Every rank's t, one tensor each; shapes may differ in every dimension (same ndim and dtype,
+  // else CollectiveMismatch on every rank).
+  std::vector<at::Tensor> all_gather_v(const at::Tensor& t);
+  // Stacked (size(), *t.sizes()) on dst; nullopt elsewhere.
+  std::optional<at::Tensor> gather(const at::Tensor& t, int dst);
+  // src passes (size(), ...); rank q gets block q. Other ranks may pass nullopt.
+  at::Tensor scatter(const std::optional<at::Tensor>& stacked_on_src, int src);
+  // t: (size() * n, ...) -> this rank's block (n, ...) of the reduction.
+  at::Tensor reduce_scatter(const at::Tensor& t, ReduceOp op = ReduceOp::Sum);
+  // t: (size() * n, ...); block q goes to rank q; block p of the result came from rank p.
+  at::Tensor all_to_all(const at::Tensor& t);
+  // Point to point (not collective): messages from one rank to another match in order, and the
+  // receiver's tensor must have the sender's dtype and element count.
+  void send(const at::Tensor& t, int dst, int tag = 0);
+  void recv(at::Tensor& t, int src, int tag = 0);
+  void barrier(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+
+  // Asynchronous forms: return at once (all_gather_v and scatter first agree on shapes, which
+  // blocks briefly); TensorWork::result() gives the new tensors. In-place targets must not be
+  // read or written until the work finished.
+  std::shared_ptr<TensorWork> all_reduce_async(at::Tensor& t, ReduceOp op = ReduceOp::Sum);
+  std::shared_ptr<TensorWork> broadcast_async(at::Tensor& t, int src = 0);
+  std::shared_ptr<TensorWork> reduce_async(at::Tensor& t, int dst, ReduceOp op = ReduceOp::Sum);
+  std::shared_ptr<TensorWork> all_gather_async(const at::Tensor& t);
+  std::shared_ptr<TensorWork> all_gather_v_async(const at::Tensor& t);
+  std::shared_ptr<TensorWork> gather_async(const at::Tensor& t, int dst);
+  std::shared_ptr<TensorWork> scatter_async(const std::optional<at::Tensor>& stacked_on_src, int src);
+  std::shared_ptr<TensorWork> reduce_scatter_async(const at::Tensor& t, ReduceOp op = ReduceOp::Sum);
+  std::shared_ptr<TensorWork> all_to_all_async(const at::Tensor& t);
+  std::shared_ptr<TensorWork> send_async(const at::Tensor& t, int dst, int tag = 0);
+  std::shared_ptr<TensorWork> recv_async(at::Tensor& t, int src, int tag = 0);
+  std::shared_ptr<TensorWork> barrier_async();
+
+  // Collective over this group: a group of `ranks` (ranks of this group; their order gives the
+  // new ranks). Null on ranks not in the list.
+  std::shared_ptr<ProcessGroup> split(const std::vector<int>& ranks);
+
+ private:
+  struct Buffer;
+  Buffer input(const at::Tensor& t, const char* op, std::optional<ReduceOp> reduce = std::nullopt);
+  std::shared_ptr<TensorWork> all_reduce_impl(at::Tensor& t, ReduceOp op, bool async);
+  std::shared_ptr<TensorWork> broadcast_impl(at::Tensor& t, int src, bool async);
+  std::shared_ptr<TensorWork> reduce_impl(at::Tensor& t, int dst, ReduceOp op, bool async);
+  std::shared_ptr<TensorWork> all_gather_impl(const at::Tensor& t, bool async);
+  std::shared_ptr<TensorWork> all_gather_v_impl(const at::Tensor& t, bool async);
+  std::shared_ptr<TensorWork> gather_impl(const at::Tensor& t, int dst, bool async);
+  std::shared_ptr<TensorWork> scatter_impl(const std::optional<at::Tensor>& stacked, int src, bool async);
+  std::shared_ptr<TensorWork> reduce_scatter_impl(const at::Tensor& t, ReduceOp op, bool async);
+  std::shared_ptr<TensorWork> all_to_all_impl(const at::Tensor& t, bool async);
+  std::shared_ptr<TensorWork> send_impl(const at::Tensor& t, int dst, int tag, bool async);
+  std::shared_ptr<TensorWork> recv_impl(at::Tensor& t, int src, int tag, bool async);
+
+  std::shared_ptr<Communicator> comm_;
+  std::vector<int> ranks_;
+};
+
+// ---- the default group ------------------------------------------------------------------
+// Collective over every process of the job: reads the launcher's environment (chorusrun,
+// torchrun, mpirun, srun, env://, or a single process), meets the others through the rendezvous
+// store and makes the default group. Idempotent: later calls return the same group.
+std::shared_ptr<ProcessGroup> init_process_group(InitOptions options = {});
+// The same from explicit facts (Lightning's init_dist_connection): rank 0 serves the store on
+// address:port unless `store_hosted`.
+std::shared_ptr<ProcessGroup> init_process_group(const Environment& env, InitOptions options = {});
+// The default group; throws Error when init_process_group has not been called.
+std::shared_ptr<ProcessGroup> default_group();
+bool is_initialized();
+// What the launcher said (ranks, nodes, addresses) for the default group; a single process when
+// not initialized.
+Environment environment();
+// Forgets the default group (not collective). Groups made from it stay usable while held.
+void destroy_process_group();
+// Collective over the default group: a group of `ranks` (default-group ranks). Null on ranks
+// not in the list.
+std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks);
+// `group` when given, else the default group (throws when not initialized).
+ProcessGroup& group_or_default(const std::shared_ptr<ProcessGroup>& group);
+
+}  // namespace chorus

@@ -1,0 +1,56 @@
+#include "torch_harness.h"
+
+#include <gtest/gtest.h>
+
+#include <ATen/Parallel.h>
+
+#include <cstdlib>
+#include <sstream>
+
+namespace chorus::test {
+
+void run_world(int world, const std::function<void()>& body) {
+  SCOPED_TRACE(detail::concat("world size ", world));
+  expect_all_ok(run_ranks(world, [&](RankContext& ctx) {
+    const std::string r = std::to_string(ctx.rank), w = std::to_string(world), p = std::to_string(ctx.store_port);
+    setenv("RANK", r.c_str(), 1);
+    setenv("LOCAL_RANK", r.c_str(), 1);
+    setenv("WORLD_SIZE", w.c_str(), 1);
+    setenv("LOCAL_WORLD_SIZE", w.c_str(), 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", p.c_str(), 1);
+    setenv("CHORUS_LAUNCHER", "chorusrun", 1);
+    setenv("CHORUS_STORE_ADDR", "127.0.0.1", 1);
+    setenv("CHORUS_STORE_PORT", p.c_str(), 1);
+    at::set_num_threads(1);
+    init_process_group({.timeout = std::chrono::seconds(60)});
+    body();
+    destroy_process_group();
+  }));
+}
+
+void for_worlds(std::initializer_list<int> worlds, const std::function<void()>& body) {
+  for (int w : worlds) run_world(w, body);
+}
+
+bool same(const at::Tensor& a, const at::Tensor& b) {
+  if (a.defined() != b.defined()) return false;
+  if (!a.defined()) return true;
+  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
+  if (a.is_complex()) return at::equal(at::view_as_real(a.resolve_conj()), at::view_as_real(b.resolve_conj()));
+  if (a.is_floating_point()) {
+    auto x = a.to(at::kDouble), y = b.to(at::kDouble);
+    return (x.eq(y) | (x.isnan() & y.isnan())).all().item<bool>();
+  }
+  return at::equal(a, b);
+}
+
+std::string show(const at::Tensor& t) {
+  if (!t.defined()) return "undefined";
+  std::ostringstream out;
+  out << c10::toString(t.scalar_type()) << t.sizes();
+  if (t.numel() <= 16) out << " " << t.reshape({-1}).to(t.is_complex() ? t.scalar_type() : at::kDouble);
+  return out.str();
+}
+
+}  // namespace chorus::test
