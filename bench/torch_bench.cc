@@ -49,11 +49,15 @@ void check(bool ok, const char* what) {
 int main(int argc, char** argv) {
   CLI::App app{"chorus-torch-bench: object broadcast and collection all_reduce, each next to its baseline"};
   int np = 2, iters = 10, leaves = 1000, leaf_elems = 16;
+  std::string cases = "broadcast,all_reduce";
   app.add_option("--np", np, "ranks to start when no launcher did")->check(CLI::PositiveNumber);
   app.add_option("--iters", iters, "timed runs per case")->check(CLI::PositiveNumber);
   app.add_option("--leaves", leaves, "tensors in the all_reduce dict")->check(CLI::PositiveNumber);
   app.add_option("--leaf-elems", leaf_elems, "f32 elements per tensor of that dict")->check(CLI::PositiveNumber);
+  app.add_option("--cases", cases, "which cases: broadcast, all_reduce (comma-separated)");
   CLI11_PARSE(app, argc, argv);
+  const bool run_broadcast = cases.find("broadcast") != std::string::npos;
+  const bool run_all_reduce = cases.find("all_reduce") != std::string::npos;
 
   at::set_num_threads(1);
   chorus::Fabric fabric({.devices = np});
@@ -67,6 +71,7 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   };
 
+  if (run_broadcast) {
   // ---- 100 MB dict of tensors, broadcast from rank 0 ----
   constexpr int64_t kElems = 25 * 1024 * 1024 / 4;
   std::vector<at::Tensor> bare;
@@ -91,8 +96,9 @@ int main(int argc, char** argv) {
            auto got = fabric.broadcast(dict(), 0).toGenericDict();
            for (int i = 0; i < 4; ++i) check(tail_ok(got.at("t" + std::to_string(i)).toTensor(), it, i), "object broadcast");
          }));
-  bare.clear();
+  }
 
+  if (run_all_reduce) {
   // ---- a dict of many small tensors, all_reduce(sum) ----
   std::vector<at::Tensor> small;
   for (int i = 0; i < leaves; ++i) small.push_back(at::empty({leaf_elems}));
@@ -103,10 +109,9 @@ int main(int argc, char** argv) {
   auto ok = [&](const at::Tensor& t, int it, int i) {
     return t[leaf_elems - 1].item<float>() == float(ranks_sum + w * (it + i % 7));
   };
-  c10::impl::GenericDict sd(c10::StringType::get(), c10::TensorType::get());
+  c10::impl::GenericDict d(c10::StringType::get(), c10::TensorType::get());
+  for (int i = 0; i < leaves; ++i) d.insert("p" + std::to_string(i), small[size_t(i)]);
   report("all_reduce_dict_coalesced", measure(iters, vary, [&](int it) {
-           c10::impl::GenericDict d(c10::StringType::get(), c10::TensorType::get());
-           for (int i = 0; i < leaves; ++i) d.insert("p" + std::to_string(i), small[size_t(i)]);
            auto out = fabric.all_reduce(c10::IValue(d), nullptr, chorus::ReduceOp::Sum).toGenericDict();
            check(ok(out.at("p0").toTensor(), it, 0) && ok(out.at("p" + std::to_string(leaves - 1)).toTensor(), it, leaves - 1),
                  "coalesced all_reduce");
@@ -120,6 +125,7 @@ int main(int argc, char** argv) {
            for (auto& t : small) g->all_reduce_(t, chorus::ReduceOp::Sum);
            check(ok(small.front(), it, 0) && ok(small.back(), it, leaves - 1), "in-place all_reduce");
          }));
+  }
   chorus::barrier();
   return 0;
 }

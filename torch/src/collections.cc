@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "chorus/core/error.h"
+#include "walk.h"
 
 namespace chorus {
 
@@ -12,20 +13,31 @@ using detail::concat;
 
 namespace {
 
-bool is_container(const c10::IValue& v) { return v.isList() || v.isGenericDict() || v.isTuple(); }
+// A value's type for container typing: tensors as plain Tensor (not shape-specialized).
+c10::TypePtr value_type(const c10::IValue& v) { return v.isTensor() ? c10::TensorType::get() : v.type(); }
 
-// The element type for new items: `old` when every item fits it, else their common type, else Any.
-c10::TypePtr item_type(const c10::TypePtr& old, const std::vector<c10::IValue>& items) {
+}  // namespace
+
+c10::TypePtr detail::item_type(const c10::TypePtr& old, const std::vector<c10::IValue>& items) {
   bool fits = true;
-  for (const auto& i : items) fits = fits && i.type()->isSubtypeOf(*old);
+  for (const auto& i : items) fits = fits && value_type(i)->isSubtypeOf(*old);
   if (fits) return old;
   c10::TypePtr common;
   for (const auto& i : items) {
-    if (!common) common = i.type();
-    else if (*common != *i.type()) return c10::AnyType::get();
+    auto t = value_type(i);
+    if (!common) {
+      common = t;
+    } else if (auto u = c10::unifyTypes(common, t)) {
+      common = *u;
+    } else {
+      return c10::AnyType::get();
+    }
   }
   return common ? common : old;
 }
+
+namespace {
+using detail::item_type;
 
 std::string key_text(const c10::IValue& key) {
   if (key.isString()) return concat("['", key.toStringRef(), "']");
@@ -101,7 +113,7 @@ c10::IValue honor_type(const c10::IValue& like, std::vector<c10::IValue> items) 
       for (const auto& a : type->schema()->arguments()) fields.push_back(a.name());
       if (fields.size() == items.size()) {
         std::vector<c10::TypePtr> types;
-        for (const auto& i : items) types.push_back(i.type());
+        for (const auto& i : items) types.push_back(value_type(i));
         return c10::ivalue::Tuple::createNamed(std::move(items),
                                                 c10::TupleType::createNamed(*type->name(), fields, types));
       }

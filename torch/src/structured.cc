@@ -7,12 +7,14 @@
 // Leaves are then coalesced: one flat buffer and one collective per dtype, however many leaves.
 #include "structured.h"
 
+#include <charconv>
 #include <cstring>
 #include <functional>
 #include <map>
 
 #include "chorus/collections.h"
 #include "tensor_util.h"
+#include "walk.h"
 
 namespace chorus::detail {
 
@@ -20,96 +22,205 @@ namespace {
 
 enum class Shapes { Exact, AnyRows };  // AnyRows: dim 0 may differ between ranks
 
-struct Leaf {
-  at::Tensor tensor;   // contiguous
-  std::string path;
-  c10::IValue number;  // the number this leaf was, or None
-};
-
 struct Flat {
-  std::vector<Leaf> leaves;
+  std::vector<at::Tensor> leaves;  // contiguous, in walk order; numbers as 0-d tensors
   std::string signature;
 };
 
-void flatten_into(const c10::IValue& v, Shapes shapes, const std::string& path, Flat& out) {
+void append_int(std::string& s, int64_t v) {
+  char buf[24];
+  auto end = std::to_chars(buf, buf + sizeof(buf), v).ptr;
+  s.append(buf, end);
+}
+
+bool is_number(const c10::IValue& v) { return v.isInt() || v.isDouble() || v.isBool(); }
+
+// Appends v's structure to the signature and its leaves to out (hot: one call per leaf of
+// collections with thousands of tensors, so no streams and no torch ops unless needed).
+void flatten_into(const c10::IValue& v, Shapes shapes, Flat& out) {
   std::string& sig = out.signature;
   if (v.isTensor()) {
     const at::Tensor& t = v.toTensor();
-    sig += concat("T<", c10::toString(t.scalar_type()), ",", t.device().str(), ">");
-    if (shapes == Shapes::AnyRows && t.dim() > 0) {
-      sig += "[*";
-      for (int64_t d = 1; d < t.dim(); ++d) sig += concat(",", t.size(d));
-      sig += "]";
+    sig += "T<";
+    sig += c10::toString(t.scalar_type());
+    if (t.is_cpu()) {
+      sig += ",cpu>[";
     } else {
-      sig += shape_string(t.sizes());
+      sig += ',';
+      sig += t.device().str();
+      sig += ">[";
     }
-    out.leaves.push_back({t.resolve_conj().resolve_neg().contiguous(), path, {}});
-  } else if (v.isInt() || v.isDouble() || v.isBool()) {
-    const auto type = v.isInt() ? at::kLong : v.isDouble() ? at::kDouble : at::kBool;
+    for (int64_t d = 0; d < t.dim(); ++d) {
+      if (d) sig += ',';
+      if (d == 0 && shapes == Shapes::AnyRows) sig += '*';
+      else append_int(sig, t.size(d));
+    }
+    sig += ']';
+    const bool plain = t.is_contiguous() && !t.is_conj() && !t.is_neg();
+    out.leaves.push_back(plain ? t : t.resolve_conj().resolve_neg().contiguous());
+  } else if (is_number(v)) {
     sig += v.isInt() ? "int" : v.isDouble() ? "float" : "bool";
-    out.leaves.push_back({at::scalar_tensor(v.toScalar(), at::TensorOptions().dtype(type)), path, v});
-  } else if (v.isList() || v.isTuple()) {
-    const bool list = v.isList();
-    if (!list && v.type()->castRaw<c10::TupleType>()->name())
-      sig += v.type()->castRaw<c10::TupleType>()->name()->name();
-    sig += list ? "[" : "(";
-    const auto items = list ? v.toList().vec() : v.toTupleRef().elements().vec();
-    for (size_t i = 0; i < items.size(); ++i) {
-      if (i) sig += ",";
-      flatten_into(items[i], shapes, concat(path, "[", i, "]"), out);
+    const auto type = v.isInt() ? at::kLong : v.isDouble() ? at::kDouble : at::kBool;
+    out.leaves.push_back(at::scalar_tensor(v.toScalar(), at::TensorOptions().dtype(type)));
+  } else if (v.isList()) {
+    sig += '[';
+    const auto list = v.toList();
+    for (size_t i = 0; i < list.size(); ++i) {
+      if (i) sig += ',';
+      flatten_into(list.get(i), shapes, out);
     }
-    sig += list ? "]" : ")";
+    sig += ']';
+  } else if (v.isTuple()) {
+    if (auto name = v.type()->castRaw<c10::TupleType>()->name()) sig += name->name();
+    sig += '(';
+    const auto& elems = v.toTupleRef().elements();
+    for (size_t i = 0; i < elems.size(); ++i) {
+      if (i) sig += ',';
+      flatten_into(elems[i], shapes, out);
+    }
+    sig += ')';
   } else if (v.isGenericDict()) {
-    sig += "{";
+    sig += '{';
     bool first = true;
     for (const auto& item : v.toGenericDict()) {
-      const auto& k = item.key();
-      const std::string key = k.isString() ? concat("'", k.toStringRef(), "'") : k.isInt() ? std::to_string(k.toInt())
-                                                                                         : k.type()->annotation_str();
-      sig += concat(first ? "" : ",", key, ":");
+      if (!first) sig += ',';
       first = false;
-      flatten_into(item.value(), shapes, concat(path, "[", key, "]"), out);
+      const auto& k = item.key();
+      if (k.isString()) {
+        sig += '\'';
+        sig += k.toStringRef();
+        sig += '\'';
+      } else if (k.isInt()) {
+        append_int(sig, k.toInt());
+      } else {
+        sig += k.type()->annotation_str();
+      }
+      sig += ':';
+      flatten_into(item.value(), shapes, out);
     }
-    sig += "}";
+    sig += '}';
   } else {
     sig += v.isNone() ? "None" : v.isString() ? "str" : v.type()->annotation_str();
   }
 }
 
 Flat flatten(const c10::IValue& data, Shapes shapes) {
+  // Collections usually come back with the same structure: start with room for the last one.
+  thread_local size_t last_signature = 0, last_leaves = 0;
   Flat f;
-  flatten_into(data, shapes, "", f);
-  for (auto& leaf : f.leaves)
-    if (leaf.path.empty()) leaf.path = "the data";
+  f.signature.reserve(last_signature);
+  f.leaves.reserve(last_leaves);
+  flatten_into(data, shapes, f);
+  last_signature = f.signature.size();
+  last_leaves = f.leaves.size();
   return f;
 }
 
-// data with its leaves replaced in walk order; a number leaf becomes a number again when
-// numbers_back (its tensor is 0-d then).
-c10::IValue rebuild(const c10::IValue& v, const std::vector<at::Tensor>& leaves, size_t& next, bool numbers_back) {
+// Where leaf `index` (walk order) sits in data, for messages: "['a'][0]".
+bool find_path(const c10::IValue& v, size_t& index, std::string& path) {
+  if (v.isTensor() || is_number(v)) return index-- == 0;
+  auto visit = [&](const c10::IValue& child, const std::string& step) {
+    const size_t at = path.size();
+    path += step;
+    if (find_path(child, index, path)) return true;
+    path.resize(at);
+    return false;
+  };
+  if (v.isList()) {
+    const auto list = v.toList();
+    for (size_t i = 0; i < list.size(); ++i)
+      if (visit(list.get(i), concat("[", i, "]"))) return true;
+  } else if (v.isTuple()) {
+    const auto& elems = v.toTupleRef().elements();
+    for (size_t i = 0; i < elems.size(); ++i)
+      if (visit(elems[i], concat("[", i, "]"))) return true;
+  } else if (v.isGenericDict()) {
+    for (const auto& item : v.toGenericDict()) {
+      const auto& k = item.key();
+      const std::string step = k.isString() ? concat("['", k.toStringRef(), "']") : concat("[", k.isInt() ? std::to_string(k.toInt()) : k.type()->annotation_str(), "]");
+      if (visit(item.value(), step)) return true;
+    }
+  }
+  return false;
+}
+
+std::string leaf_path(const c10::IValue& data, size_t index) {
+  std::string path;
+  find_path(data, index, path);
+  return path.empty() ? "the data" : path;
+}
+
+// A tensor over base's storage (no autograd view tracking: base never reaches the caller), with
+// sizes and strides, `offset` elements in.
+at::Tensor tensor_in(const at::Tensor& base, at::IntArrayRef sizes, at::IntArrayRef strides, int64_t offset) {
+  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(base.storage()), base.key_set(), base.dtype());
+  impl->set_sizes_and_strides(sizes, strides);
+  impl->set_storage_offset(base.storage_offset() + offset);
+  return at::Tensor(std::move(impl));
+}
+
+at::Tensor contiguous_in(const at::Tensor& base, at::IntArrayRef sizes, int64_t offset) {
+  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(base.storage()), base.key_set(), base.dtype());
+  impl->set_sizes_contiguous(sizes);
+  impl->set_storage_offset(base.storage_offset() + offset);
+  return at::Tensor(std::move(impl));
+}
+
+// data with its leaves replaced in walk order. A number leaf becomes a number again when
+// numbers_back (its tensor is 0-d then), else stays a tensor, which changes container types;
+// `changed` says whether v's type changed.
+c10::IValue rebuild(const c10::IValue& v, const std::vector<at::Tensor>& leaves, size_t& next, bool numbers_back,
+                    bool& changed) {
+  changed = false;
   if (v.isTensor()) return leaves[next++];
-  if (v.isInt() || v.isDouble() || v.isBool()) {
+  if (is_number(v)) {
     const at::Tensor& t = leaves[next++];
-    if (!numbers_back) return t;
+    if (!numbers_back) {
+      changed = true;
+      return t;
+    }
     if (v.isInt()) return t.item<int64_t>();
     if (v.isDouble()) return t.item<double>();
     return t.item<bool>();
   }
   if (v.isList() || v.isTuple()) {
+    const bool list = v.isList();
     std::vector<c10::IValue> items;
-    for (const auto& i : v.isList() ? v.toList().vec() : v.toTupleRef().elements().vec())
-      items.push_back(rebuild(i, leaves, next, numbers_back));
-    return honor_type(v, std::move(items));
+    bool any = false;
+    auto add = [&](const c10::IValue& i) {
+      bool c;
+      items.push_back(rebuild(i, leaves, next, numbers_back, c));
+      any = any || c;
+    };
+    if (list)
+      for (const auto& i : v.toList()) add(i);
+    else
+      for (const auto& i : v.toTupleRef().elements()) add(i);
+    changed = any;
+    if (any) return honor_type(v, std::move(items));
+    if (!list) {
+      auto type = v.type()->cast<c10::TupleType>();
+      if (type && type->schema()) return c10::ivalue::Tuple::createNamed(std::move(items), type);
+      return c10::ivalue::Tuple::create(std::move(items));
+    }
+    c10::impl::GenericList out(v.toList().elementType());
+    out.reserve(items.size());
+    for (auto& i : items) out.push_back(std::move(i));
+    return out;
   }
   if (v.isGenericDict()) {
     auto dict = v.toGenericDict();
     std::vector<c10::IValue> values;
-    bool same_types = true;
+    values.reserve(dict.size());
+    bool any = false;
     for (const auto& item : dict) {
-      values.push_back(rebuild(item.value(), leaves, next, numbers_back));
-      same_types = same_types && values.back().type()->isSubtypeOf(*dict.valueType());
+      bool c;
+      values.push_back(rebuild(item.value(), leaves, next, numbers_back, c));
+      any = any || c;
     }
-    c10::impl::GenericDict out(dict.keyType(), same_types ? dict.valueType() : c10::AnyType::get());
+    changed = any;
+    c10::impl::GenericDict out(dict.keyType(), any ? item_type(dict.valueType(), values) : dict.valueType());
+    out.reserve(values.size());
     size_t i = 0;
     for (const auto& item : dict) out.insert(item.key(), std::move(values[i++]));
     return out;
@@ -119,7 +230,8 @@ c10::IValue rebuild(const c10::IValue& v, const std::vector<at::Tensor>& leaves,
 
 c10::IValue rebuild(const c10::IValue& data, const std::vector<at::Tensor>& leaves, bool numbers_back) {
   size_t next = 0;
-  return rebuild(data, leaves, next, numbers_back);
+  bool changed;
+  return rebuild(data, leaves, next, numbers_back, changed);
 }
 
 // CollectiveMismatch on every rank unless every rank has the same signature.
@@ -147,8 +259,8 @@ void agree(ProcessGroup& g, const std::string& signature, const char* what) {
   for (int r = 0; r < w; ++r) {
     calls.push_back(texts.substr(at, lengths[size_t(r)]));
     at += lengths[size_t(r)];
-    std::string shown = calls.back().size() > 300 ? calls.back().substr(0, 300) + "..." : calls.back();
-    lines += concat("\n  rank ", r, ": ", shown);
+    const std::string_view call = calls.back();
+    lines += concat("\n  rank ", r, ": ", call.substr(0, 300), call.size() > 300 ? "..." : "");
   }
   throw CollectiveMismatch(concat(what, " on group '", g.name(),
                                   "': the ranks passed collections that differ in structure, keys, dtypes or shapes:",
@@ -157,48 +269,41 @@ void agree(ProcessGroup& g, const std::string& signature, const char* what) {
 }
 
 // Structure-only checks, after agree(): the same verdict on every rank.
-void check_leaves(const Flat& f, std::optional<ReduceOp> op, const char* what) {
-  for (const auto& leaf : f.leaves)
-    if (auto why = tensor_problem(leaf.tensor, op); !why.empty())
-      throw InvalidArgument(concat(what, ": ", leaf.path, " (", describe(leaf.tensor), "): ", why));
+void check_leaves(const c10::IValue& data, const Flat& f, std::optional<ReduceOp> op, const char* what) {
+  // One verdict per dtype (a leaf's problem depends on its dtype, device and layout only).
+  std::vector<int8_t> checked(size_t(at::ScalarType::NumOptions), 0);
+  for (size_t i = 0; i < f.leaves.size(); ++i) {
+    const at::Tensor& t = f.leaves[i];
+    int8_t& seen = checked[size_t(t.scalar_type())];
+    if (seen && t.is_cpu() && t.layout() == at::kStrided) continue;
+    seen = 1;
+    if (auto why = tensor_problem(t, op); !why.empty())
+      throw InvalidArgument(concat(what, ": ", leaf_path(data, i), " (", describe(t), "): ", why));
+  }
 }
 
-// Leaf indices grouped by dtype, in walk order within each group.
-std::map<at::ScalarType, std::vector<size_t>> by_dtype(const Flat& f) {
-  std::map<at::ScalarType, std::vector<size_t>> groups;
-  for (size_t i = 0; i < f.leaves.size(); ++i) groups[f.leaves[i].tensor.scalar_type()].push_back(i);
-  return groups;
+// Leaf indices grouped by dtype, in walk order within each group; groups in dtype order.
+std::vector<std::pair<at::ScalarType, std::vector<size_t>>> by_dtype(const Flat& f) {
+  std::vector<std::vector<size_t>> groups(size_t(at::ScalarType::NumOptions));
+  for (size_t i = 0; i < f.leaves.size(); ++i) groups[size_t(f.leaves[i].scalar_type())].push_back(i);
+  std::vector<std::pair<at::ScalarType, std::vector<size_t>>> out;
+  for (size_t t = 0; t < groups.size(); ++t)
+    if (!groups[t].empty()) out.emplace_back(at::ScalarType(t), std::move(groups[t]));
+  return out;
 }
 
 // One flat tensor holding the leaves `idx` back to back.
 at::Tensor pack(const Flat& f, const std::vector<size_t>& idx, int64_t& total) {
   total = 0;
-  for (size_t i : idx) total += f.leaves[i].tensor.numel();
-  at::Tensor flat = at::empty({total}, f.leaves[idx[0]].tensor.options());
+  for (size_t i : idx) total += f.leaves[i].numel();
+  at::Tensor flat = at::empty({total}, f.leaves[idx[0]].options());
   auto* dst = static_cast<char*>(total ? flat.data_ptr() : nullptr);
   for (size_t i : idx) {
-    const auto& t = f.leaves[i].tensor;
+    const auto& t = f.leaves[i];
     if (t.nbytes()) std::memcpy(dst, t.data_ptr(), t.nbytes());
     dst += t.nbytes();
   }
   return flat;
-}
-
-// A view of `base` with `sizes`, starting `offset` elements in, rows `row_stride` apart when
-// stacked (rows > 0 adds a leading dim of that many rows).
-at::Tensor view_of(const at::Tensor& base, at::IntArrayRef sizes, int64_t offset, int64_t rows, int64_t row_stride) {
-  std::vector<int64_t> shape, strides(sizes.size());
-  int64_t s = 1;
-  for (size_t d = sizes.size(); d-- > 0;) {
-    strides[d] = s;
-    s *= sizes[d];
-  }
-  shape.assign(sizes.begin(), sizes.end());
-  if (rows > 0) {
-    shape.insert(shape.begin(), rows);
-    strides.insert(strides.begin(), row_stride);
-  }
-  return base.as_strided(shape, strides, base.storage_offset() + offset);
 }
 
 }  // namespace
@@ -206,7 +311,7 @@ at::Tensor view_of(const at::Tensor& base, at::IntArrayRef sizes, int64_t offset
 c10::IValue all_reduce_collection(ProcessGroup& g, const c10::IValue& data, ReduceOp op, const char* what) {
   Flat f = flatten(data, Shapes::Exact);
   agree(g, f.signature, what);
-  check_leaves(f, op, what);
+  check_leaves(data, f, op, what);
   std::vector<at::Tensor> out(f.leaves.size());
   for (auto& [type, idx] : by_dtype(f)) {
     int64_t total;
@@ -214,8 +319,8 @@ c10::IValue all_reduce_collection(ProcessGroup& g, const c10::IValue& data, Redu
     g.all_reduce_(flat, op);
     int64_t off = 0;
     for (size_t i : idx) {
-      out[i] = view_of(flat, f.leaves[i].tensor.sizes(), off, 0, 0);
-      off += f.leaves[i].tensor.numel();
+      out[i] = contiguous_in(flat, f.leaves[i].sizes(), off);
+      off += f.leaves[i].numel();
     }
   }
   return rebuild(data, out, true);
@@ -224,7 +329,7 @@ c10::IValue all_reduce_collection(ProcessGroup& g, const c10::IValue& data, Redu
 c10::IValue all_gather_collection(ProcessGroup& g, const c10::IValue& data, const char* what) {
   Flat f = flatten(data, Shapes::Exact);
   agree(g, f.signature, what);
-  check_leaves(f, std::nullopt, what);
+  check_leaves(data, f, std::nullopt, what);
   std::vector<at::Tensor> out(f.leaves.size());
   for (auto& [type, idx] : by_dtype(f)) {
     int64_t total;
@@ -232,8 +337,12 @@ c10::IValue all_gather_collection(ProcessGroup& g, const c10::IValue& data, cons
     at::Tensor all = g.all_gather(flat);  // (W, total)
     int64_t off = 0;
     for (size_t i : idx) {
-      out[i] = view_of(all, f.leaves[i].tensor.sizes(), off, g.size(), total);
-      off += f.leaves[i].tensor.numel();
+      const at::Tensor& leaf = f.leaves[i];
+      std::vector<int64_t> sizes{g.size()}, strides{total};
+      sizes.insert(sizes.end(), leaf.sizes().begin(), leaf.sizes().end());
+      strides.insert(strides.end(), leaf.strides().begin(), leaf.strides().end());
+      out[i] = tensor_in(all, sizes, strides, off);
+      off += leaf.numel();
     }
   }
   return rebuild(data, out, false);
@@ -245,13 +354,13 @@ std::optional<c10::IValue> gather_collection(ProcessGroup& g, const c10::IValue&
   if (dst < 0 || dst >= w) comm.reject(what, concat("destination ", dst, " is not a rank of this group (size ", w, ")"));
   Flat f = flatten(data, Shapes::AnyRows);
   agree(g, f.signature, what);
-  check_leaves(f, std::nullopt, what);
+  check_leaves(data, f, std::nullopt, what);
   for (auto& leaf : f.leaves)
-    if (leaf.tensor.dim() == 0) leaf.tensor = leaf.tensor.reshape({1});
+    if (leaf.dim() == 0) leaf = leaf.reshape({1});
   // Every rank's row count of every leaf.
   const size_t n = f.leaves.size();
   std::vector<int64_t> rows(n), all_rows(n * size_t(w));
-  for (size_t i = 0; i < n; ++i) rows[i] = f.leaves[i].tensor.size(0);
+  for (size_t i = 0; i < n; ++i) rows[i] = f.leaves[i].size(0);
   if (n) comm.all_gather(rows.data(), all_rows.data(), n, DataType::Int64);
   const bool mine = g.rank() == dst;
   std::vector<std::vector<at::Tensor>> pieces(n);
@@ -262,7 +371,7 @@ std::optional<c10::IValue> gather_collection(ProcessGroup& g, const c10::IValue&
     std::vector<size_t> counts(size_t(w), 0);
     for (int r = 0; r < w; ++r)
       for (size_t i : idx) {
-        const int64_t row = c10::multiply_integers(f.leaves[i].tensor.sizes().slice(1));
+        const int64_t row = c10::multiply_integers(f.leaves[i].sizes().slice(1));
         counts[size_t(r)] += size_t(all_rows[size_t(r) * n + i] * row) * per;
       }
     size_t sum = 0;
@@ -274,9 +383,9 @@ std::optional<c10::IValue> gather_collection(ProcessGroup& g, const c10::IValue&
     int64_t off = 0;
     for (int r = 0; r < w; ++r)
       for (size_t i : idx) {
-        auto sizes = f.leaves[i].tensor.sizes().vec();
+        auto sizes = f.leaves[i].sizes().vec();
         sizes[0] = all_rows[size_t(r) * n + i];
-        pieces[i].push_back(view_of(all, sizes, off, 0, 0));
+        pieces[i].push_back(contiguous_in(all, sizes, off));
         off += c10::multiply_integers(sizes);
       }
   }
