@@ -46,6 +46,10 @@ Settings read_settings(const EnvMap& env) {
   }
   if (auto v = env_int(env, "CHORUS_SHM_SPIN")) s.shm_spin = int(*v);
   if (auto v = env_int(env, "CHORUS_LOG_LEVEL")) s.log_level = int(*v);
+  if (auto v = env_int(env, "CHORUS_RECV_CACHE_MB")) {
+    if (*v < 0) throw InvalidArgument("CHORUS_RECV_CACHE_MB must be >= 0 (0 turns the cache off)");
+    s.recv_cache_bytes = size_t(*v) << 20;
+  }
   return s;
 }
 

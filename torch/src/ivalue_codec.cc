@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "chorus/core/error.h"
+#include "recv_buffers.h"
 
 namespace chorus::detail {
 
@@ -339,7 +340,7 @@ std::vector<at::Tensor> read_tensors(Reader& r, bool allocate) {
     std::vector<int64_t> sizes(r.varint());
     for (auto& s : sizes) s = r.sint();
     if (allocate) {
-      t = at::empty(sizes, at::TensorOptions().dtype(type));
+      t = receive_buffer(sizes, type);
       if (grad) t.set_requires_grad(true);
     }
   }

@@ -145,27 +145,27 @@ TEST(Helpers, LeaderFailuresReachEveryRank) {
   for_worlds({1, 2, 3}, [] {
     const int w = default_group()->size(), me = default_group()->rank();
     auto boom = [&] { throw std::runtime_error("dataset download failed"); };
-    auto msg = RANK_EXPECT_THROW(std::exception, compute_and_broadcast([&]() -> int { boom(); return 0; }));
+    auto msg = RANK_EXPECT_THROW(std::runtime_error, compute_and_broadcast([&]() -> int { boom(); return 0; }));
     RANK_CHECK(msg.find("dataset download failed") != std::string::npos, msg);
     if (me != 0) RANK_CHECK(msg.find("rank 0 failed") != std::string::npos, msg);
 
     int ran = 0;
-    msg = RANK_EXPECT_THROW(std::exception, zero_first(me == 0, [&] { ++ran; if (me == 0) boom(); }));
+    msg = RANK_EXPECT_THROW(std::runtime_error, zero_first(me == 0, [&] { ++ran; if (me == 0) boom(); }));
     RANK_CHECK(msg.find("dataset download failed") != std::string::npos && ran == (me == 0 ? 1 : 0), msg);
 
     Fabric fabric;
-    msg = RANK_EXPECT_THROW(std::exception, fabric.rank_zero_first([&] { if (me == 0) boom(); }));
+    msg = RANK_EXPECT_THROW(std::runtime_error, fabric.rank_zero_first([&] { if (me == 0) boom(); }));
     RANK_CHECK(msg.find("dataset download failed") != std::string::npos, msg);
-    msg = RANK_EXPECT_THROW(std::exception, fabric.rank_zero_first([&] { if (me == 0) boom(); }, true));
+    msg = RANK_EXPECT_THROW(std::runtime_error, fabric.rank_zero_first([&] { if (me == 0) boom(); }, true));
     RANK_CHECK(msg.find("dataset download failed") != std::string::npos, msg);
 
-    msg = RANK_EXPECT_THROW(std::exception, reduce_and_broadcast([&] { return me; }, [&](std::vector<int>) -> int {
+    msg = RANK_EXPECT_THROW(std::runtime_error, reduce_and_broadcast([&] { return me; }, [&](std::vector<int>) -> int {
       boom();
       return 0;
     }));
     RANK_CHECK(msg.find("dataset download failed") != std::string::npos, msg);
     // fn1 failing on the last rank only
-    msg = RANK_EXPECT_THROW(std::exception, reduce_and_broadcast([&] { if (me == w - 1) boom(); return me; },
+    msg = RANK_EXPECT_THROW(std::runtime_error, reduce_and_broadcast([&] { if (me == w - 1) boom(); return me; },
                                                                  [&](std::vector<int> v) { return int(v.size()); }));
     RANK_CHECK(msg.find("dataset download failed") != std::string::npos, msg);
 

@@ -112,7 +112,7 @@ TEST(Accelerate, RngStatesAndSeeds) {
 TEST(Walkers, ConcatenateSliceAndBatchSize) {
   auto tensors_only = [](const at::Tensor& x, const at::Tensor& y) {
     auto d = nested(x, y);
-    d.toGenericDict().erase("pair");
+    (void)d.toGenericDict().erase("pair");
     return d;
   };
   auto a = tensors_only(at::ones({2, 3}), at::zeros({2}));

@@ -8,6 +8,9 @@
 //                              values force the multi-chunk paths
 //   CHORUS_SHM_SPIN            busy-wait rounds before yielding (default: 4000, or 20 when
 //                              ranks outnumber cores)
+//   CHORUS_RECV_CACHE_MB       memory the torch layer keeps for reuse by large received tensors
+//                              once they are freed (default 512; 0: off). Fresh pages cost a
+//                              page fault each, which dominates receiving large objects.
 //   CHORUS_LOG_LEVEL           0 quiet (default); 1: the backend each group runs on and dropped
 //                              store clients, on stderr
 #pragma once
@@ -32,6 +35,7 @@ struct Settings {
   size_t shm_chunk_bytes = 512 * 1024;
   std::optional<int> shm_spin;
   int log_level = 0;
+  size_t recv_cache_bytes = size_t(512) << 20;
 };
 
 // Parses the CHORUS_* entries of `env`. Throws InvalidArgument naming a malformed variable.
