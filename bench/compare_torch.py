@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""Runs chorus-torch-bench next to torch's own object broadcast (../shared/anchors/
+torch_object_bench.py, gloo, /usr/bin/python3) and prints the torch layer's ratios and targets.
+
+  bench/compare_torch.py --build build [--np 2,4] [--repeat 3] [--out bench-results]
+
+With --repeat N everything runs N times, interleaved; each figure is the median of the runs'
+medians. Compare ratios of one run: these machines are shared and noisy.
+"""
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+
+def run(cmd, log=None):
+    print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True, env=env).stdout
+    if log:
+        with open(log, "a") as f:
+            f.write(out)
+    return out
+
+
+def chorus_cases(text):
+    rows = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and not line.startswith("#") and parts[0] != "case":
+            rows[parts[0]] = float(parts[1])
+    return rows
+
+
+def torch_cases(text):
+    return {m.group(1): float(m.group(2)) for m in re.finditer(r"torch_gloo (\S+) world=\d+ median_ms=([\d.]+)", text)}
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default=os.path.join(here, "..", "build"))
+    ap.add_argument("--anchors", default=os.path.join(here, "..", "..", "shared", "anchors"))
+    ap.add_argument("--np", default="2,4")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--out", default="bench-results")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    bench = os.path.join(args.build, "bench", "chorus-torch-bench")
+    worlds = [int(w) for w in args.np.split(",")]
+    runs = {w: [] for w in worlds}
+    torch_runs = []
+    for _ in range(args.repeat):
+        for w in worlds:
+            runs[w].append(chorus_cases(run([bench, "--np", str(w), "--iters", "20"],
+                                            os.path.join(args.out, f"chorus-torch-np{w}.txt"))))
+        script = os.path.join(args.anchors, "torch_object_bench.py")
+        torch_runs.append(torch_cases(run(["/usr/bin/python3", script, "2"], os.path.join(args.out, "torch-object.txt"))))
+
+    med = lambda rows, key: statistics.median(r[key] for r in rows if key in r)
+    torch_obj = med(torch_runs, "broadcast_object_list_100MB_dict")
+    torch_raw = med(torch_runs, "broadcast_raw_100MB")
+    verdicts = []
+    for w in worlds:
+        r = {k: med(runs[w], k) for k in runs[w][0]}
+        print(f"\n== world {w} (median ms over {args.repeat} run(s))")
+        for k, v in r.items():
+            print(f"  {k:32s} {v:9.3f}")
+        dict_vs_bare = r["broadcast_object_100MB_dict"] / r["broadcast_bare_100MB"]
+        coalesced = r["all_reduce_separate_fabric"] / r["all_reduce_dict_coalesced"]
+        print(f"  object dict / bare tensors        {dict_vs_bare:6.2f}x   (target <= 1.5)")
+        print(f"  1000 separate Fabric calls / dict {coalesced:6.2f}x   (target >= 5)")
+        print(f"  1000 in-place calls / dict        {r['all_reduce_separate_inplace'] / r['all_reduce_dict_coalesced']:6.2f}x")
+        verdicts += [(f"W={w} dict <= 1.5x bare", dict_vs_bare <= 1.5), (f"W={w} coalesced >= 5x", coalesced >= 5)]
+        if w == 2:
+            speedup = torch_obj / r["broadcast_object_100MB_dict"]
+            print(f"  torch broadcast_object_list       {torch_obj:9.3f}  -> chorus {speedup:5.1f}x faster (target >= 10)")
+            print(f"  torch dist.broadcast (bare)       {torch_raw:9.3f}  -> chorus bare {torch_raw / r['broadcast_bare_100MB']:5.1f}x faster")
+            verdicts.append(("W=2 object broadcast >= 10x torch", speedup >= 10))
+    print()
+    for label, ok in verdicts:
+        print(f"{'PASS' if ok else 'MISS'}  {label}")
+
+
+if __name__ == "__main__":
+    main()
