@@ -182,6 +182,26 @@ TEST(Helpers, LeaderFailuresReachEveryRank) {
   });
 }
 
+TEST(Objects, BadRanksAndUnmovableObjectsAreErrorsEverywhere) {
+  for_worlds({1, 2, 3}, [] {
+    const int w = default_group()->size(), me = default_group()->rank();
+    Fabric fabric;
+    auto msg = RANK_EXPECT_THROW(InvalidArgument, fabric.broadcast(c10::IValue(int64_t(1)), w + 5));
+    RANK_CHECK(msg.find("not a rank") != std::string::npos, msg);
+    std::vector<c10::IValue> list = {c10::IValue(1.5)};
+    RANK_EXPECT_THROW(InvalidArgument, broadcast_object_list(list, -1));
+    RANK_EXPECT_THROW(InvalidArgument, gather_from_all_ranks([] { return 1; }, w));
+    RANK_EXPECT_THROW(InvalidArgument, compute_and_broadcast([] { return 1; }, -2));
+    // A tensor on another device inside the leader's object: the leader's InvalidArgument, an
+    // Error carrying it everywhere else.
+    c10::impl::GenericList odd(c10::TensorType::get());
+    odd.push_back(at::empty({2}, at::TensorOptions().device(at::kMeta)));
+    msg = RANK_EXPECT_THROW(Error, fabric.broadcast(c10::IValue(odd), 0));
+    RANK_CHECK(msg.find("meta") != std::string::npos, msg);
+    RANK_CHECK(fabric.broadcast(c10::IValue(int64_t(me + 3)), 0).toInt() == 3);
+  });
+}
+
 TEST(Helpers, RankZeroFirstOrder) {
   for_worlds({3}, [] {
     // Rank 0 writes a file first; the others read it in their turn.
