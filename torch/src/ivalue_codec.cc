@@ -9,6 +9,7 @@
 
 #include "chorus/core/error.h"
 #include "recv_buffers.h"
+#include "tensor_util.h"
 
 namespace chorus::detail {
 
@@ -316,7 +317,7 @@ Encoded encode_object(const c10::IValue& value) {
     head.byte(t.requires_grad() ? 1 : 0);
     head.varint(size_t(t.dim()));
     for (int64_t s : t.sizes()) head.sint(s);
-    t = t.resolve_conj().resolve_neg().contiguous();
+    t = plain(t);
   }
   head.out += body.out;
   return Encoded{std::move(head.out), std::move(tensors)};

@@ -48,7 +48,7 @@ ProcessGroup::ProcessGroup(std::shared_ptr<Communicator> comm, std::vector<int> 
 
 ProcessGroup::Buffer ProcessGroup::input(const at::Tensor& t, const char* op, std::optional<ReduceOp> reduce) {
   if (auto why = detail::tensor_problem(t, reduce); !why.empty()) comm_->reject(op, why);
-  at::Tensor c = t.resolve_conj().resolve_neg().contiguous();
+  at::Tensor c = detail::plain(t);
   return Buffer{c, core_type(c.scalar_type())->dtype, core_count(c)};
 }
 
@@ -282,7 +282,7 @@ static void check_p2p(const at::Tensor& t, const char* op) {
 
 std::shared_ptr<TensorWork> ProcessGroup::send_impl(const at::Tensor& t, int dst, int tag, bool async) {
   check_p2p(t, "send");
-  at::Tensor c = t.resolve_conj().resolve_neg().contiguous();
+  at::Tensor c = detail::plain(t);
   const DataType dtype = core_type(c.scalar_type())->dtype;
   void* p = c.numel() ? c.data_ptr() : nullptr;
   if (!async) {

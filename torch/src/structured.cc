@@ -56,8 +56,7 @@ void flatten_into(const c10::IValue& v, Shapes shapes, Flat& out) {
       else append_int(sig, t.size(d));
     }
     sig += ']';
-    const bool plain = t.is_contiguous() && !t.is_conj() && !t.is_neg();
-    out.leaves.push_back(plain ? t : t.resolve_conj().resolve_neg().contiguous());
+    out.leaves.push_back(plain(t));
   } else if (is_number(v)) {
     sig += v.isInt() ? "int" : v.isDouble() ? "float" : "bool";
     const auto type = v.isInt() ? at::kLong : v.isDouble() ? at::kDouble : at::kBool;

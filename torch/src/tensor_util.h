@@ -26,6 +26,13 @@ std::string tensor_problem(const at::Tensor& t, std::optional<ReduceOp> op = std
 std::string describe(const at::Tensor& t);
 std::string shape_string(at::IntArrayRef sizes);
 
+// t itself when its memory can be moved as it is (contiguous, no lazy conjugate or negation
+// bits), else such a copy. Free in the common case: no dispatcher call.
+inline at::Tensor plain(const at::Tensor& t) {
+  if (t.is_contiguous() && !t.is_conj() && !t.is_neg()) return t;
+  return t.resolve_conj().resolve_neg().contiguous();
+}
+
 // Elements of the core dtype that carry t.
 inline size_t core_count(const at::Tensor& t) {
   return size_t(t.numel()) * core_type(t.scalar_type())->per_element;

@@ -83,6 +83,17 @@ TEST(Objects, LargeObjectsWithTensorsInside) {
     RANK_CHECK_EQUAL(got.get(0).toTensor(), at::arange(3 * 1000 * 1000, at::kFloat) * 2);
     RANK_CHECK(got.get(1).toStringRef() == std::string(10 * 1000 * 1000, 'y'));
     RANK_CHECK_EQUAL(got.get(2).toTensor(), at::arange(1000, at::kInt).reshape({10, 100}).t().contiguous());
+    // Received blocks are reused once freed (Note [Receive buffers]), never while alive.
+    auto first = broadcast_object(at::full({1 << 19}, 1.0 + me, at::kDouble), 0);
+    auto second = broadcast_object(at::full({1 << 19}, 2.0 + me, at::kDouble), 0);
+    RANK_CHECK(first.data_ptr() != second.data_ptr() || me == 0);
+    RANK_CHECK_EQUAL(first, at::full({1 << 19}, 1.0, at::kDouble));
+    RANK_CHECK_EQUAL(second, at::full({1 << 19}, 2.0, at::kDouble));
+    void* reused = first.data_ptr();
+    first = at::Tensor();
+    auto third = broadcast_object(at::full({1 << 19}, 3.0 + me, at::kDouble), 0);
+    RANK_CHECK(third.data_ptr() == reused || me == 0, "a freed block should serve the next receive");
+    RANK_CHECK_EQUAL(third, at::full({1 << 19}, 3.0, at::kDouble));
     auto all = all_gather_object(at::full({1 << 20}, double(me), at::kDouble));
     for (int r = 0; r < default_group()->size(); ++r) RANK_CHECK_EQUAL(all[size_t(r)].toTensor(), at::full({1 << 20}, double(r), at::kDouble));
   });
