@@ -10,6 +10,7 @@
 #include "backend.h"
 #include "chorus/core/error.h"
 #include "chorus/core/prefix_store.h"
+#include "chorus/core/rendezvous.h"
 #include "chorus/core/settings.h"
 
 namespace chorus {
@@ -115,9 +116,18 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
     store_->set(detail::concat("host/", rank_), me);
     std::vector<std::string> keys;
     for (int r = 0; r < size_; ++r) keys.push_back(detail::concat("host/", r));
-    try {
-      store_->wait(keys, options_.timeout);
-    } catch (const StoreError&) {
+    // Wait in slices, listening between them for a launcher that gave up on the job.
+    for (;;) {
+      try {
+        store_->wait(keys, std::min<std::chrono::milliseconds>(std::chrono::seconds(1), options_.timeout));
+        break;
+      } catch (const StoreError&) {
+        if (auto aborted = rendezvous_aborted(*store))
+          throw PeerFailure(detail::concat("group '", options_.name, "': rank ", rank_,
+                                           " stopped waiting for the others to join: ", aborted->second),
+                            aborted->first);
+        if (Clock::now() < deadline) continue;
+      }
       std::vector<int> absent;
       std::string list;
       for (int r = 0; r < size_; ++r)

@@ -145,6 +145,7 @@ Environment Environment::detect(const EnvMap& env) {
     e.master_addr = get(env, "MASTER_ADDR", "127.0.0.1");
     e.master_port = get_int(env, "MASTER_PORT", 0);
     e.job_id = get(env, "TORCHELASTIC_RUN_ID", get(env, "CHORUS_RUN_ID"));
+    e.restart_count = get_int(env, "CHORUS_RESTART_COUNT", get_int(env, "TORCHELASTIC_RESTART_COUNT", 0));
     if (chorusrun) {
       e.master_addr = get(env, "CHORUS_STORE_ADDR", e.master_addr);
       e.master_port = get_int(env, "CHORUS_STORE_PORT", e.master_port);

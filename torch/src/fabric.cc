@@ -1,8 +1,5 @@
 #include "chorus/fabric.h"
 
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -10,8 +7,11 @@
 #include <fstream>
 #include <iterator>
 #include <set>
+#include <thread>
 
 #include "chorus/collections.h"
+#include "chorus/core/rendezvous.h"
+#include "chorus/core/supervisor.h"
 #include "chorus/core/tcp_store.h"
 #include "chorus/lightning.h"
 #include "objects.h"
@@ -23,33 +23,27 @@ using detail::concat;
 
 namespace {
 
-// Note [Fabric::launch]: what launch() started, kept until the process exits.
+// Note [Fabric::launch]: the ranks launch() started, supervised from a thread of rank 0 until
+// the process exits. A child that fails is named on stderr and the other children are stopped;
+// rank 0's pending or next collective then raises PeerFailure. At exit rank 0 waits for its
+// children, and exits with code 1 if any of them failed.
 struct Children {
   std::unique_ptr<TcpStoreServer> store;
-  std::vector<pid_t> pids;
+  std::unique_ptr<Supervisor> supervisor;
+  std::thread watcher;
+  std::optional<WorkerExit> failure;
 };
 Children& children() {
   static Children c;
   return c;
 }
 
-// At exit of the parent: wait for the ranks it started; a failed one makes the exit code 1.
 void wait_for_children() {
-  bool failed = false;
-  for (size_t i = 0; i < children().pids.size(); ++i) {
-    int status = 0;
-    if (waitpid(children().pids[i], &status, 0) < 0) continue;
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
-    failed = true;
-    if (WIFSIGNALED(status))
-      std::fprintf(stderr, "[chorus] rank %zu (pid %d) was killed by %s\n", i + 1, children().pids[i],
-                   strsignal(WTERMSIG(status)));
-    else
-      std::fprintf(stderr, "[chorus] rank %zu (pid %d) exited with code %d\n", i + 1, children().pids[i],
-                   WEXITSTATUS(status));
-  }
-  children().store.reset();
-  if (failed) {
+  auto& kids = children();
+  if (kids.watcher.joinable()) kids.watcher.join();
+  kids.supervisor.reset();
+  kids.store.reset();
+  if (kids.failure) {
     std::fflush(nullptr);
     _exit(1);
   }
@@ -73,38 +67,38 @@ std::vector<std::string> own_arguments() {
 Environment spawn_local_ranks(int n) {
   auto& kids = children();
   kids.store = std::make_unique<TcpStoreServer>("127.0.0.1", 0);
-  const int port = kids.store->port();
+  const std::string port = std::to_string(kids.store->port()), world = std::to_string(n);
   const std::string run_id = concat("fabric-", getpid());
-  auto set_env = [&](int rank) {
-    const std::string r = std::to_string(rank), w = std::to_string(n), p = std::to_string(port);
-    for (auto [k, v] : {std::pair{"RANK", r}, {"LOCAL_RANK", r}, {"WORLD_SIZE", w}, {"LOCAL_WORLD_SIZE", w},
-                        {"GROUP_RANK", std::string("0")}, {"NODE_RANK", std::string("0")},
-                        {"MASTER_ADDR", std::string("127.0.0.1")}, {"MASTER_PORT", p},
-                        {"CHORUS_LAUNCHER", std::string("chorusrun")}, {"CHORUS_STORE_ADDR", std::string("127.0.0.1")},
-                        {"CHORUS_STORE_PORT", p}, {"CHORUS_RUN_ID", run_id}})
-      setenv(k, v.c_str(), 1);
+  auto env_of = [&](int rank) {
+    const std::string r = std::to_string(rank);
+    return std::vector<std::pair<std::string, std::string>>{
+        {"RANK", r}, {"LOCAL_RANK", r}, {"WORLD_SIZE", world}, {"LOCAL_WORLD_SIZE", world},
+        {"GROUP_RANK", "0"}, {"NODE_RANK", "0"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port},
+        {"CHORUS_LAUNCHER", "chorusrun"}, {"CHORUS_STORE_ADDR", "127.0.0.1"}, {"CHORUS_STORE_PORT", port},
+        {"CHORUS_RUN_ID", run_id}};
   };
-  const auto args = own_arguments();
-  const pid_t parent = getpid();
-  std::fflush(nullptr);
-  for (int rank = 1; rank < n; ++rank) {
-    const pid_t pid = fork();
-    if (pid < 0) throw Error(concat("Fabric::launch: fork failed: ", std::strerror(errno)));
-    if (pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGTERM);
-      if (getppid() != parent) _exit(1);
-      set_env(rank);
-      std::vector<char*> argv;
-      for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      execv("/proc/self/exe", argv.data());
-      std::fprintf(stderr, "[chorus] Fabric::launch: cannot start rank %d: %s\n", rank, std::strerror(errno));
-      _exit(127);
+  auto args = own_arguments();
+  args.at(0) = "/proc/self/exe";  // the same binary, wherever it was started from
+  std::vector<WorkerSpec> specs;
+  for (int rank = 1; rank < n; ++rank) specs.push_back({rank, args, env_of(rank)});
+  SupervisorOptions options;
+  options.capture_output = false;
+  options.name = "Fabric::launch";
+  kids.supervisor = std::make_unique<Supervisor>(options);
+  kids.supervisor->start(specs);
+  kids.watcher = std::thread([&kids] {
+    kids.failure = kids.supervisor->wait();
+    if (!kids.failure) return;
+    const std::string what = kids.failure->describe();
+    std::fprintf(stderr, "[chorus] Fabric::launch: %s; stopped the other ranks\n", what.c_str());
+    try {  // rank 0 may still be meeting the others: tell it
+      TcpStore client("127.0.0.1", kids.store->port(), std::chrono::seconds(5));
+      abort_rendezvous(client, kids.failure->rank, what);
+    } catch (const std::exception&) {
     }
-    kids.pids.push_back(pid);
-  }
+  });
   std::atexit(wait_for_children);
-  set_env(0);
+  for (const auto& [k, v] : env_of(0)) setenv(k.c_str(), v.c_str(), 1);
   return Environment::detect();
 }
 

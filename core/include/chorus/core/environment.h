@@ -37,6 +37,9 @@ struct Environment {
   // protocol: chorus must not bind or talk there.
   bool master_port_taken_by_torchrun = false;
   std::string job_id;
+  // Which attempt of a restarted job this is (TORCHELASTIC_RESTART_COUNT / CHORUS_RESTART_COUNT);
+  // each attempt rendezvouses under its own keys.
+  int restart_count = 0;
 
   // Reads the variables of every supported launcher, most specific first: RANK/WORLD_SIZE
   // (chorusrun, torchrun, env://), Open MPI, PMI, SLURM, else a single process.

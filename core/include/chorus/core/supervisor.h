@@ -1,0 +1,73 @@
+// Starting and watching worker processes: what chorusrun, Fabric::launch and chorus-bench share.
+//
+// Workers run in their own process groups and die with the supervising process (even when it is
+// SIGKILLed: PR_SET_PDEATHSIG). Their output can be forwarded whole line by whole line, prefixed
+// with "[rank N] ", and copied to one log file per rank. When one fails, the others are stopped
+// (SIGTERM, then SIGKILL after a grace period), and the shared-memory segments they created are
+// removed.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace chorus {
+
+struct WorkerSpec {
+  int rank = 0;                    // how output and messages name the worker
+  std::vector<std::string> argv;   // argv[0]: a path, or a name looked up in PATH
+  std::vector<std::pair<std::string, std::string>> env;  // set on top of this process's environment
+};
+
+struct SupervisorOptions {
+  bool capture_output = true;  // forward stdout/stderr line by line (false: workers inherit them)
+  bool prefix = true;          // "[rank N] " before each forwarded line
+  std::string log_dir;         // non-empty: also append each rank's lines to <log_dir>/rank_N.log
+  std::chrono::milliseconds grace = std::chrono::seconds(5);  // SIGTERM to SIGKILL when stopping
+  std::string name = "chorus";  // prefix of the supervisor's own messages
+};
+
+struct WorkerExit {
+  int rank = -1;
+  int pid = 0;
+  int exit_code = 0;  // when it exited
+  int signal = 0;     // when a signal killed it
+  bool ok() const { return signal == 0 && exit_code == 0; }
+  // "rank 2 (pid 1234) was killed by SIGSEGV" / "rank 2 (pid 1234) exited with code 3"
+  std::string describe() const;
+};
+
+class Supervisor {
+ public:
+  explicit Supervisor(SupervisorOptions options = {});
+  ~Supervisor();  // stops the workers still running
+  Supervisor(const Supervisor&) = delete;
+  Supervisor& operator=(const Supervisor&) = delete;
+
+  // Starts the workers (not blocking). Throws Error naming a worker that cannot be started
+  // (program not found, fork failure), after stopping the ones already started.
+  void start(const std::vector<WorkerSpec>& workers);
+
+  // Blocks, forwarding output, until every worker exited: nullopt when all succeeded, else the
+  // first failure, after stopping the others. Also returns when `interrupt_fd` (if >= 0) becomes
+  // readable: then stops every worker and returns a WorkerExit with rank -1.
+  std::optional<WorkerExit> wait(int interrupt_fd = -1);
+
+  // SIGTERM to every running worker's process group, SIGKILL to those left after the grace
+  // period; reaps them and removes their shared-memory segments.
+  void stop();
+
+  std::vector<int> pids() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+// A signal's name: "SIGSEGV" (or "signal 77").
+std::string signal_name(int signal);
+
+}  // namespace chorus

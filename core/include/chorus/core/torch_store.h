@@ -1,0 +1,45 @@
+// A client of torch's own TCPStore (c10d's wire protocol, as torch 1.13 speaks it): what lets
+// chorus meet its peers on the store that torchrun's agent hosts at MASTER_PORT
+// (TORCHELASTIC_USE_AGENT_STORE=True), instead of colliding with it.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "chorus/core/store.h"
+
+namespace chorus {
+
+class TorchStore : public Store {
+ public:
+  // Connects to host:port, retrying until `timeout` (default CHORUS_STORE_TIMEOUT_MS); then
+  // throws StoreError naming host:port. Thread-safe: requests borrow pooled connections.
+  TorchStore(std::string host, int port, std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+  ~TorchStore() override;
+
+  using Store::wait;
+  void set(const std::string& key, const std::string& value) override;
+  std::string get(const std::string& key) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  // torch's semantics: an absent key with a non-empty `expected` is left absent and `expected`
+  // is returned.
+  std::string compare_set(const std::string& key, const std::string& expected, const std::string& desired) override;
+  void wait(const std::vector<std::string>& keys, std::optional<std::chrono::milliseconds> timeout) override;
+  bool check(const std::vector<std::string>& keys) override;
+  bool delete_key(const std::string& key) override;
+  std::string describe() const override;
+
+ private:
+  class Connection;
+  std::unique_ptr<Connection> borrow();
+  void give_back(std::unique_ptr<Connection> c);
+
+  std::string host_;
+  int port_;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<Connection>> idle_;
+};
+
+}  // namespace chorus
