@@ -127,7 +127,7 @@ int run(const Options& o, const std::vector<std::string>& program) {
       say(concat("received ", chorus::signal_name(int(info.ssi_signo)), ": stopped the workers"));
       return 128 + int(info.ssi_signo);
     }
-    say(failure->describe() + "; the other workers were stopped");
+    say(supervisor.describe_failures() + "; the other workers were stopped");
     if (attempt >= o.max_restarts) {
       if (o.max_restarts > 0) say(concat("giving up after ", o.max_restarts, " restart(s)"));
       return 1;

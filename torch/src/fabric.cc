@@ -89,7 +89,7 @@ Environment spawn_local_ranks(int n) {
   kids.watcher = std::thread([&kids] {
     kids.failure = kids.supervisor->wait();
     if (!kids.failure) return;
-    const std::string what = kids.failure->describe();
+    const std::string what = kids.supervisor->describe_failures();
     std::fprintf(stderr, "[chorus] Fabric::launch: %s; stopped the other ranks\n", what.c_str());
     try {  // rank 0 may still be meeting the others: tell it
       TcpStore client("127.0.0.1", kids.store->port(), std::chrono::seconds(5));

@@ -80,6 +80,7 @@ void close_fd(int& fd) {
 struct Supervisor::State {
   SupervisorOptions options;
   std::vector<Worker> workers;
+  std::vector<WorkerExit> failures;
   std::vector<pid_t> all_pids;  // every worker ever started, for the shared-memory sweep
 
   void read_pipe(Worker& w, int& fd, launch::LineOutput& lines) {
@@ -226,8 +227,32 @@ void Supervisor::start(const std::vector<WorkerSpec>& specs) {
   }
 }
 
+const std::vector<WorkerExit>& Supervisor::failures() const { return s_->failures; }
+
+std::string Supervisor::describe_failures() const {
+  std::string out;
+  for (const auto& f : s_->failures) out += (out.empty() ? "" : "; ") + f.describe();
+  return out;
+}
+
+// After a first failure: collects the workers that also fail within a moment, forwarding output.
+void Supervisor::settle() {
+  const auto until = Clock::now() + std::chrono::milliseconds(500);
+  while (Clock::now() < until) {
+    bool running = false;
+    for (auto& w : s_->workers) {
+      if (s_->reap(w, false) && !w.exit.ok()) s_->failures.push_back(w.exit);
+      running = running || w.running;
+    }
+    if (!running) return;
+    s_->drain(Clock::now() + std::chrono::milliseconds(10));
+    if (!s_->options.capture_output) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
 std::optional<WorkerExit> Supervisor::wait(int interrupt_fd) {
   auto& workers = s_->workers;
+  s_->failures.clear();
   for (;;) {
     std::vector<pollfd> fds;
     std::vector<std::pair<Worker*, int>> owners;  // kind: 0 out, 1 err, 2 pidfd, 3 interrupt
@@ -247,6 +272,7 @@ std::optional<WorkerExit> Supervisor::wait(int interrupt_fd) {
     // Without pidfds (old kernels) poll with a timeout and reap by polling.
     int ready = poll(fds.data(), fds.size(), 100);
     if (ready < 0 && errno != EINTR) throw Error(concat(s_->options.name, ": poll failed: ", std::strerror(errno)));
+    std::vector<Worker*> exited;
     for (size_t i = 0; ready > 0 && i < fds.size(); ++i) {
       if (!fds[i].revents) continue;
       auto [w, kind] = owners[i];
@@ -257,12 +283,18 @@ std::optional<WorkerExit> Supervisor::wait(int interrupt_fd) {
       }
       if (kind == 0) s_->read_pipe(*w, w->out, *w->out_lines);
       if (kind == 1) s_->read_pipe(*w, w->err, *w->err_lines);
+      if (kind == 2) exited.push_back(w);
     }
-    for (auto& w : workers) {
-      if (!s_->reap(w, false) || w.exit.ok()) continue;
-      WorkerExit failed = w.exit;
+    // Only the workers whose exit this round announced (without pidfds: any), so that the first
+    // to fail is the one named, not a peer that failed because of it a moment later.
+    for (auto& w : workers)
+      if (w.running && w.pidfd < 0) exited.push_back(&w);
+    for (Worker* w : exited) {
+      if (!s_->reap(*w, false) || w->exit.ok()) continue;
+      s_->failures.push_back(w->exit);
+      settle();
       stop();
-      return failed;
+      return s_->failures.front();
     }
   }
 }

@@ -52,9 +52,15 @@ class Supervisor {
   void start(const std::vector<WorkerSpec>& workers);
 
   // Blocks, forwarding output, until every worker exited: nullopt when all succeeded, else the
-  // first failure, after stopping the others. Also returns when `interrupt_fd` (if >= 0) becomes
+  // first failure. Workers that fail within a moment of it (often the cause: a rank whose exit
+  // was slowed by its own teardown, while its peers gave up at once) are collected too, see
+  // failures(); then the others are stopped. Also returns when `interrupt_fd` (if >= 0) becomes
   // readable: then stops every worker and returns a WorkerExit with rank -1.
   std::optional<WorkerExit> wait(int interrupt_fd = -1);
+  // The failures the last wait() saw, in the order they exited.
+  const std::vector<WorkerExit>& failures() const;
+  // "rank 1 (pid 7) exited with code 9; rank 2 (pid 8) exited with code 5"
+  std::string describe_failures() const;
 
   // SIGTERM to every running worker's process group, SIGKILL to those left after the grace
   // period; reaps them and removes their shared-memory segments.
@@ -63,6 +69,7 @@ class Supervisor {
   std::vector<int> pids() const;
 
  private:
+  void settle();
   struct State;
   std::unique_ptr<State> s_;
 };
