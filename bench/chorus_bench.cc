@@ -6,8 +6,6 @@
 // iteration), a barrier, the timed call, and a check of the output against the exact expected
 // values (outside the timed region). Reported: rank 0's median and p95 in microseconds, and
 // algbw/busbw in GB/s with nccl-tests' factors.
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -21,6 +19,7 @@
 #include "chorus/core/environment.h"
 #include "chorus/core/error.h"
 #include "chorus/core/rendezvous.h"
+#include "chorus/core/supervisor.h"
 #include "chorus/core/tcp_store.h"
 
 namespace chorus::bench {
@@ -174,43 +173,26 @@ int worker(const Options& o) {
 // Starts np copies of this program as ranks, hosting their store; returns the exit code.
 int spawn(int np, char** argv) {
   TcpStoreServer server("127.0.0.1", 0);
-  std::vector<pid_t> pids;
+  const std::string port = std::to_string(server.port()), world = std::to_string(np);
+  std::vector<std::string> args = {"/proc/self/exe"};
+  for (char** a = argv + 1; *a; ++a) args.emplace_back(*a);
+  std::vector<WorkerSpec> specs;
   for (int r = 0; r < np; ++r) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      setenv("RANK", std::to_string(r).c_str(), 1);
-      setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
-      setenv("WORLD_SIZE", std::to_string(np).c_str(), 1);
-      setenv("LOCAL_WORLD_SIZE", std::to_string(np).c_str(), 1);
-      setenv("MASTER_ADDR", "127.0.0.1", 1);
-      setenv("MASTER_PORT", std::to_string(server.port()).c_str(), 1);
-      setenv("CHORUS_LAUNCHER", "chorusrun", 1);
-      setenv("CHORUS_STORE_ADDR", "127.0.0.1", 1);
-      setenv("CHORUS_STORE_PORT", std::to_string(server.port()).c_str(), 1);
-      setenv("OMP_NUM_THREADS", "1", 0);
-      execv("/proc/self/exe", argv);
-      std::perror("chorus-bench: exec");
-      _exit(127);
-    }
-    pids.push_back(pid);
+    const std::string rank = std::to_string(r);
+    specs.push_back({r, args, {{"RANK", rank}, {"LOCAL_RANK", rank}, {"WORLD_SIZE", world},
+                               {"LOCAL_WORLD_SIZE", world}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port},
+                               {"CHORUS_LAUNCHER", "chorusrun"}, {"CHORUS_STORE_ADDR", "127.0.0.1"},
+                               {"CHORUS_STORE_PORT", port}}});
+    if (!std::getenv("OMP_NUM_THREADS")) specs.back().env.emplace_back("OMP_NUM_THREADS", "1");
   }
-  int result = 0, left = np;
-  while (left > 0) {
-    int status = 0;
-    pid_t pid = wait(&status);
-    if (pid < 0) break;
-    --left;
-    int rank = int(std::find(pids.begin(), pids.end(), pid) - pids.begin());
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
-    if (result == 0) {
-      if (WIFSIGNALED(status)) std::fprintf(stderr, "chorus-bench: rank %d was killed by signal %d\n", rank, WTERMSIG(status));
-      else std::fprintf(stderr, "chorus-bench: rank %d exited with code %d\n", rank, WEXITSTATUS(status));
-      result = 1;
-      for (pid_t p : pids)
-        if (p != pid) kill(p, SIGTERM);
-    }
-  }
-  return result;
+  SupervisorOptions options;
+  options.capture_output = false;
+  options.name = "chorus-bench";
+  Supervisor supervisor(options);
+  supervisor.start(specs);
+  if (!supervisor.wait()) return 0;
+  std::fprintf(stderr, "chorus-bench: %s\n", supervisor.describe_failures().c_str());
+  return 1;
 }
 
 }  // namespace
