@@ -239,8 +239,8 @@ void kill_launcher(int signal, int want_exit) {
   auto r = p.finish();
   EXPECT_EQ(r.exit_code, want_exit) << r.err;
   EXPECT_TRUE(all_gone(pids)) << "a worker outlived chorusrun (signal " << signal << ")";
+  EXPECT_TRUE(segments_of(pids).empty());  // unlinked once every rank attached
   if (signal != SIGKILL) {
-    EXPECT_TRUE(segments_of(pids).empty());
     EXPECT_NE(r.err.find("stopped the workers"), std::string::npos) << r.err;
   }
 }
@@ -291,6 +291,26 @@ TEST(Chorusrun, OutputLinesAreWholeAndPrefixedAndLogged) {
   auto plain = run({CHORUSRUN, "--nproc-per-node", "2", "--master-port", "0", "--no-prefix", LAUNCH_PROBE});
   EXPECT_EQ(plain.exit_code, 0);
   expect_probes(plain.out, 2, "chorusrun", false);
+}
+
+TEST(Chorusrun, TwoNodesMeetThroughNodeZerosStore) {
+  const std::string port = std::to_string(free_port());
+  std::vector<std::unique_ptr<Process>> nodes;
+  for (int node = 0; node < 2; ++node)
+    nodes.push_back(std::make_unique<Process>(std::vector<std::string>{
+        CHORUSRUN, "--nnodes", "2", "--node-rank", std::to_string(node), "--nproc-per-node", "2", "--master-addr",
+        "127.0.0.1", "--master-port", port, LAUNCH_PROBE}));
+  std::string out;
+  for (auto& n : nodes) {
+    auto r = n->finish();
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    out += r.out;
+  }
+  expect_probes(out, 4, "chorusrun");
+  EXPECT_EQ(count(out, "local=1/2 node=1"), 1u) << out;
+  auto bad = run({CHORUSRUN, "--nnodes", "2", "--master-port", "0", LAUNCH_PROBE});
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("one node only"), std::string::npos) << bad.err;
 }
 
 TEST(Launchers, Torchrun) {
