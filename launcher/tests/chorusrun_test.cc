@@ -186,6 +186,12 @@ TEST(Chorusrun, FourRanksSucceed) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
   expect_probes(r.out, 4, "chorusrun");
   EXPECT_NE(r.out.find("local=3/4"), std::string::npos) << r.out;
+  auto a = run({CHORUSRUN, "--nproc-per-node", "auto", "--master-port", "0", LAUNCH_PROBE});  // one per core
+  EXPECT_EQ(a.exit_code, 0) << a.err;
+  cpu_set_t set;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  const int cores = CPU_COUNT(&set);
+  expect_probes(a.out, cores, "chorusrun");
 }
 
 TEST(Chorusrun, HelpReadsLikeTorchrun) {
