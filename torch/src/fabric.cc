@@ -205,4 +205,30 @@ void Fabric::rank_zero_first(const std::function<void()>& fn, bool local) {
   detail::leaders_first(g, g.rank() == 0, fn, local ? "rank_zero_first(local)" : "rank_zero_first");
 }
 
+DistributedDataParallel& Fabric::setup(std::shared_ptr<torch::nn::Module> module, DDPOptions options) {
+  if (!is_initialized()) throw InvalidArgument("Fabric::setup: call fabric.launch() first");
+  for (auto& w : wrapped_)
+    if (w->module_ptr() == module)
+      throw InvalidArgument("Fabric::setup: this module is already set up; use the wrapper it returned");
+  wrapped_.push_back(std::make_unique<DistributedDataParallel>(std::move(module), std::move(options)));
+  return *wrapped_.back();
+}
+
+DistributedDataParallel& Fabric::setup(std::shared_ptr<torch::nn::Module> module, torch::optim::Optimizer&,
+                                       DDPOptions options) {
+  return setup(std::move(module), std::move(options));
+}
+
+NoBackwardSync Fabric::no_backward_sync(DistributedDataParallel& module, bool enabled) {
+  for (auto& w : wrapped_)
+    if (w.get() == &module) return NoBackwardSync(enabled ? &module : nullptr);
+  throw InvalidArgument("Fabric::no_backward_sync: this module was not set up by this Fabric: call fabric.setup(module) first");
+}
+
+NoBackwardSync Fabric::no_backward_sync(const torch::nn::Module& module, bool enabled) {
+  for (auto& w : wrapped_)
+    if (&w->module() == &module) return NoBackwardSync(enabled ? w.get() : nullptr);
+  throw InvalidArgument("Fabric::no_backward_sync: this module was not set up by this Fabric: call fabric.setup(module) first");
+}
+
 }  // namespace chorus

@@ -5,6 +5,7 @@
 #include "chorus/collections.h"
 #include "chorus/core/dtype.h"
 #include "chorus/core/error.h"
+#include "chorus/ddp.h"
 #include "chorus/fabric.h"
 #include "chorus/helpers.h"
 #include "chorus/ivalue_convert.h"

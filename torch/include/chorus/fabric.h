@@ -14,7 +14,12 @@
 #include <memory>
 #include <string>
 
+#include "chorus/ddp.h"
 #include "chorus/process_group.h"
+
+namespace torch::optim {
+class Optimizer;
+}
 
 namespace chorus {
 
@@ -84,6 +89,21 @@ class Fabric {
   // every rank raises an Error carrying its message.
   void rank_zero_first(const std::function<void()>& fn, bool local = false);
 
+  // Collective (after launch): wraps the module for gradient sync over the world and keeps the
+  // wrapper; returns it. The optimizer needs nothing: it holds the module's own parameters.
+  DistributedDataParallel& setup(std::shared_ptr<torch::nn::Module> module, DDPOptions options = {});
+  DistributedDataParallel& setup(std::shared_ptr<torch::nn::Module> module, torch::optim::Optimizer& optimizer,
+                                 DDPOptions options = {});
+  template <class Holder>  // torch::nn::Linear, torch::nn::Sequential, your TORCH_MODULE(...)
+    requires requires(Holder h) { h.ptr(); }
+  DistributedDataParallel& setup(Holder& module, DDPOptions options = {}) {
+    return setup(std::static_pointer_cast<torch::nn::Module>(module.ptr()), std::move(options));
+  }
+  // While the guard lives, backward passes of this set-up module accumulate gradients locally;
+  // a no-op guard when not enabled. InvalidArgument for a module this Fabric did not set up.
+  NoBackwardSync no_backward_sync(DistributedDataParallel& module, bool enabled = true);
+  NoBackwardSync no_backward_sync(const torch::nn::Module& module, bool enabled = true);
+
  private:
   ProcessGroup& world() const;
   ProcessGroup& node_group();
@@ -91,6 +111,7 @@ class Fabric {
   FabricOptions options_;
   Environment env_;
   std::shared_ptr<ProcessGroup> node_;
+  std::vector<std::unique_ptr<DistributedDataParallel>> wrapped_;
 };
 
 }  // namespace chorus

@@ -1,0 +1,241 @@
+// The built-in comm hooks and the model averager (Note [DDP reducer] says when hooks run). Each
+// hook returns a future whose value is the bucket's averaged gradients as a flat tensor.
+#include <ATen/core/ivalue.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "chorus/ddp.h"
+
+namespace chorus {
+
+using detail::concat;
+using Future = c10::ivalue::Future;
+using FuturePtr = c10::intrusive_ptr<Future>;
+
+namespace {
+
+// A future completed by an asynchronous collective: with `value` once it finished.
+FuturePtr future_of(const std::shared_ptr<TensorWork>& work, at::Tensor value) {
+  auto fut = c10::make_intrusive<Future>(c10::TensorType::get());
+  work->on_finish([fut, value](std::exception_ptr error) {
+    if (error) fut->setError(error);
+    else fut->markCompleted(c10::IValue(value));
+  });
+  return fut;
+}
+
+FuturePtr completed(at::Tensor value) {
+  auto fut = c10::make_intrusive<Future>(c10::TensorType::get());
+  fut->markCompleted(c10::IValue(std::move(value)));
+  return fut;
+}
+
+// The averaged tensor, asynchronously: Mean reduces in f32 even for half types.
+FuturePtr average_async(ProcessGroup& g, at::Tensor t) {
+  return future_of(g.all_reduce_async(t, ReduceOp::Mean), t);
+}
+
+CommHook compress_hook(std::shared_ptr<ProcessGroup> group, at::ScalarType type) {
+  return [group, type](GradBucket& bucket) {
+    ProcessGroup& g = group_or_default(group);
+    at::Tensor compressed = bucket.buffer().to(type);
+    const auto original = bucket.buffer().scalar_type();
+    auto fut = average_async(g, compressed);
+    return fut->then(
+        [original](Future& f) { return c10::IValue(f.value().toTensor().to(original)); }, c10::TensorType::get());
+  };
+}
+
+CommHook compress_wrapper(CommHook inner, at::ScalarType type) {
+  return [inner = std::move(inner), type](GradBucket& bucket) {
+    const auto original = bucket.buffer().scalar_type();
+    at::Tensor compressed = bucket.buffer().to(type);
+    std::vector<at::Tensor> views;
+    for (size_t i = 0; i < bucket.gradients().size(); ++i)
+      views.push_back(compressed.narrow(0, bucket.offset(i), bucket.gradients()[i].numel())
+                          .view(bucket.gradients()[i].sizes()));
+    GradBucket half(bucket.index(), bucket.is_last(), compressed, views, bucket.parameters());
+    return inner(half)->then(
+        [original](Future& f) { return c10::IValue(f.value().toTensor().to(original)); }, c10::TensorType::get());
+  };
+}
+
+// Orthonormal columns spanning m's (n x r, n >= r), in place: Householder QR, which stays
+// orthonormal where Gram-Schmidt does not (gradients of small batches are rank-deficient, and the
+// leftover columns are rounding noise). Identical bits on every rank: the input is averaged.
+void orthogonalize(at::Tensor& m) { m.copy_(std::get<0>(at::linalg_qr(m, "reduced"))); }
+
+at::ScalarType math_type(const at::Tensor& t) {
+  return t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16 ? at::kFloat : t.scalar_type();
+}
+
+// Blocking average over the group (PowerSGD's steps are sequential anyway).
+void average_(ProcessGroup& g, at::Tensor& t) { g.all_reduce_(t, ReduceOp::Mean); }
+
+}  // namespace
+
+CommHook allreduce_hook(std::shared_ptr<ProcessGroup> group) {
+  return [group](GradBucket& bucket) { return average_async(group_or_default(group), bucket.buffer()); };
+}
+
+CommHook fp16_compress_hook(std::shared_ptr<ProcessGroup> group) { return compress_hook(std::move(group), at::kHalf); }
+CommHook bf16_compress_hook(std::shared_ptr<ProcessGroup> group) {
+  return compress_hook(std::move(group), at::kBFloat16);
+}
+CommHook fp16_compress_wrapper(CommHook inner) { return compress_wrapper(std::move(inner), at::kHalf); }
+CommHook bf16_compress_wrapper(CommHook inner) { return compress_wrapper(std::move(inner), at::kBFloat16); }
+
+// Note [PowerSGD]: each gradient matrix M (n x m, from tensors of 2+ dims) is approximated as
+// P Q^T with rank r: P = M Q, averaged and orthogonalized; Q = M^T P, averaged; M ~ P Q^T. With
+// error feedback, what the approximation lost is added to the next iteration's gradient; with
+// warm start, Q carries over between iterations. Vectors (biases) and matrices too small to gain
+// are averaged as they are. The first start_powerSGD_iter iterations are plain averages.
+CommHook powerSGD_hook(std::shared_ptr<PowerSGDState> state) {
+  if (!state) throw InvalidArgument("powerSGD_hook: the state is null");
+  if (state->matrix_approximation_rank < 1) throw InvalidArgument("powerSGD_hook: matrix_approximation_rank must be >= 1");
+  return [state](GradBucket& bucket) -> FuturePtr {
+    ProcessGroup& g = group_or_default(state->group);
+    at::Tensor& buffer = bucket.buffer();
+    const size_t key = bucket.index();
+    if (state->iter < state->start_powerSGD_iter) {
+      if (bucket.is_last()) ++state->iter;
+      return average_async(g, buffer);
+    }
+    at::NoGradGuard no_grad;
+    if (state->use_error_feedback) {
+      auto& e = state->error[key];
+      if (e.defined() && e.sizes() == buffer.sizes()) buffer.add_(e);
+    }
+    at::Tensor input = state->use_error_feedback ? buffer.clone() : at::Tensor();
+    const int64_t r = state->matrix_approximation_rank;
+    std::vector<at::Tensor> matrices, vectors;
+    for (const auto& grad : bucket.gradients()) {
+      const int64_t n = grad.dim() >= 2 ? grad.size(0) : 0, m = n ? grad.numel() / n : 0;
+      const int64_t rank = std::min({r, n, m});
+      if (n && m && double(n * m) >= state->min_compression_rate * double((n + m) * rank)) {
+        matrices.push_back(grad.view({n, m}));
+      } else {
+        matrices.push_back(at::Tensor());
+        vectors.push_back(grad);
+      }
+    }
+    // Vectors and small matrices: averaged as they are.
+    for (auto& v : vectors) {
+      at::Tensor flat = v.reshape({-1}).contiguous();
+      average_(g, flat);
+      v.copy_(flat.view(v.sizes()));
+    }
+    // Q per matrix: seeded identically on every rank the first time (or every time without warm start).
+    auto& qs = state->q;
+    for (size_t i = 0; i < matrices.size(); ++i) {
+      if (!matrices[i].defined()) continue;
+      // Half-precision buckets (under a compression wrapper) are factored in f32: CPU kernels
+      // for mm and QR do not take f16.
+      const at::Tensor mtx = matrices[i].to(math_type(matrices[i]));
+      const size_t slot = key * 1000003 + i;
+      at::Tensor& q = qs[slot];
+      if (!q.defined() || !state->warm_start || q.size(0) != mtx.size(1)) {
+        at::Generator gen = at::detail::createCPUGenerator(state->seed + slot);
+        q = at::randn({mtx.size(1), std::min({r, mtx.size(0), mtx.size(1)})}, gen,
+                      at::TensorOptions().dtype(mtx.scalar_type()));
+        orthogonalize(q);
+      }
+      at::Tensor p = at::mm(mtx, q);
+      average_(g, p);
+      orthogonalize(p);
+      at::Tensor new_q = at::mm(mtx.t(), p);
+      average_(g, new_q);
+      matrices[i].copy_(at::mm(p, new_q.t()));
+      q = new_q;
+      orthogonalize(q);
+    }
+    if (state->use_error_feedback) state->error[key] = input - buffer;
+    if (bucket.is_last()) ++state->iter;
+    return completed(buffer);
+  };
+}
+
+// The whole bucket as one square-ish matrix (zero padded): one P and one Q per bucket.
+CommHook batched_powerSGD_hook(std::shared_ptr<PowerSGDState> state) {
+  if (!state) throw InvalidArgument("batched_powerSGD_hook: the state is null");
+  return [state](GradBucket& bucket) -> FuturePtr {
+    ProcessGroup& g = group_or_default(state->group);
+    at::Tensor& buffer = bucket.buffer();
+    const size_t key = bucket.index();
+    if (state->iter < state->start_powerSGD_iter) {
+      if (bucket.is_last()) ++state->iter;
+      return average_async(g, buffer);
+    }
+    at::NoGradGuard no_grad;
+    const int64_t total = buffer.numel();
+    const int64_t side = int64_t(std::ceil(std::sqrt(double(total))));
+    const int64_t r = std::min<int64_t>(state->matrix_approximation_rank, side);
+    at::Tensor mtx = at::zeros({side * side}, buffer.options().dtype(math_type(buffer)));
+    mtx.narrow(0, 0, total).copy_(buffer);
+    if (state->use_error_feedback) {
+      auto& e = state->error[key];
+      if (e.defined() && e.numel() == side * side) mtx.add_(e);
+    }
+    at::Tensor input = state->use_error_feedback ? mtx.clone() : at::Tensor();
+    at::Tensor m2 = mtx.view({side, side});
+    at::Tensor& q = state->q[key];
+    if (!q.defined() || !state->warm_start || q.size(0) != side) {
+      at::Generator gen = at::detail::createCPUGenerator(state->seed + key);
+      q = at::randn({side, r}, gen, at::TensorOptions().dtype(mtx.scalar_type()));
+      orthogonalize(q);
+    }
+    at::Tensor p = at::mm(m2, q);
+    average_(g, p);
+    orthogonalize(p);
+    at::Tensor new_q = at::mm(m2.t(), p);
+    average_(g, new_q);
+    m2.copy_(at::mm(p, new_q.t()));
+    q = new_q;
+    orthogonalize(q);
+    if (state->use_error_feedback) state->error[key] = input - mtx;
+    buffer.copy_(mtx.narrow(0, 0, total));
+    if (bucket.is_last()) ++state->iter;
+    return completed(buffer);
+  };
+}
+
+CommHook post_localSGD_hook(std::shared_ptr<PostLocalSGDState> state) {
+  if (!state) throw InvalidArgument("post_localSGD_hook: the state is null");
+  return [state](GradBucket& bucket) {
+    const bool global = state->iter < state->start_localSGD_iter || !state->subgroup;
+    if (bucket.is_last()) ++state->iter;
+    ProcessGroup& g = global ? group_or_default(state->group) : *state->subgroup;
+    return average_async(g, bucket.buffer());
+  };
+}
+
+PeriodicModelAverager::PeriodicModelAverager(int period, int warmup_steps, std::shared_ptr<ProcessGroup> group)
+    : period_(period), warmup_(warmup_steps), group_(std::move(group)) {
+  if (period_ < 1) throw InvalidArgument(concat("PeriodicModelAverager: period must be >= 1, not ", period_));
+  if (warmup_ < 0) throw InvalidArgument("PeriodicModelAverager: warmup_steps must be >= 0");
+}
+
+void PeriodicModelAverager::average_parameters(const std::vector<at::Tensor>& params) {
+  const int64_t step = step_++;
+  if (step < warmup_ || (step - warmup_) % period_ != 0) return;
+  ProcessGroup& g = group_or_default(group_);
+  at::NoGradGuard no_grad;
+  // One flat buffer per dtype: one collective however many parameters.
+  std::map<at::ScalarType, std::vector<at::Tensor>> by_type;
+  for (const auto& p : params) by_type[p.scalar_type()].push_back(p);
+  for (auto& [type, ps] : by_type) {
+    std::vector<at::Tensor> flat_parts;
+    for (const auto& p : ps) flat_parts.push_back(p.reshape({-1}));
+    at::Tensor flat = at::cat(flat_parts);
+    g.all_reduce_(flat, at::isFloatingType(type) ? ReduceOp::Mean : ReduceOp::Sum);
+    int64_t off = 0;
+    for (auto& p : ps) {
+      at::Tensor target = p;
+      target.copy_(flat.narrow(0, off, p.numel()).view(p.sizes()));
+      off += p.numel();
+    }
+  }
+}
+
+}  // namespace chorus
