@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Runs chorus-torch-bench next to torch's own object broadcast (../shared/anchors/
-torch_object_bench.py, gloo, /usr/bin/python3) and prints the torch layer's ratios and targets.
+"""Runs chorus-torch-bench and chorus-ddp-bench next to torch's own object broadcast and DDP
+(../shared/anchors/torch_object_bench.py and torch_ddp_bench.py, gloo, /usr/bin/python3) and
+prints the torch layer's ratios and targets.
 
   bench/compare_torch.py --build build [--np 2,4] [--repeat 3] [--out bench-results]
 
@@ -52,7 +53,13 @@ def main():
     worlds = [int(w) for w in args.np.split(",")]
     runs = {w: [] for w in worlds}
     torch_runs = []
+    ddp_runs, torch_ddp_runs = [], []
     for _ in range(args.repeat):
+        ddp_runs.append(chorus_cases(run([os.path.join(args.build, "bench", "chorus-ddp-bench"), "--np", "2"],
+                                         os.path.join(args.out, "chorus-ddp.txt"))))
+        out = run(["/usr/bin/python3", os.path.join(args.anchors, "torch_ddp_bench.py"), "2"],
+                  os.path.join(args.out, "torch-ddp.txt"))
+        torch_ddp_runs.append({"ddp": float(m.group(1)) for m in re.finditer(r"median_ms=([\d.]+)", out)})
         for w in worlds:
             runs[w].append(chorus_cases(run([bench, "--np", str(w), "--iters", "20"],
                                             os.path.join(args.out, f"chorus-torch-np{w}.txt"))))
@@ -79,6 +86,19 @@ def main():
             print(f"  torch broadcast_object_list       {torch_obj:9.3f}  -> chorus {speedup:5.1f}x faster (target >= 10)")
             print(f"  torch dist.broadcast (bare)       {torch_raw:9.3f}  -> chorus bare {torch_raw / r['broadcast_bare_100MB']:5.1f}x faster")
             verdicts.append(("W=2 object broadcast >= 10x torch", speedup >= 10))
+    d = {k: med(ddp_runs, k) for k in ddp_runs[0]}
+    t = med(torch_ddp_runs, "ddp")
+    print(f"\n== DDP, reference MLP (12.6M parameters), W=2, median step ms over {args.repeat} run(s)")
+    print(f"  torch DDP (gloo)                  {t:9.2f}")
+    for k, v in d.items():
+        print(f"  chorus {k:26s} {v:9.2f}")
+    speed = t / d["ddp_overlap"]
+    comm_overlap = d["ddp_overlap"] - d["local_no_sync"]
+    comm_after = d["ddp_sync_after_backward"] - d["local_no_sync"]
+    print(f"  chorus DDP vs torch DDP           {speed:6.2f}x   (target >= 1.5)")
+    print(f"  sync cost: {comm_after:.2f} ms after backward, {comm_overlap:.2f} ms with overlap"
+          f" ({100 * (1 - comm_overlap / comm_after) if comm_after > 0 else 0:.0f}% hidden)")
+    verdicts.append(("W=2 DDP step >= 1.5x torch DDP", speed >= 1.5))
     print()
     for label, ok in verdicts:
         print(f"{'PASS' if ok else 'MISS'}  {label}")

@@ -8,6 +8,12 @@
 // a backward queues a callback that autograd runs when the backward pass ends: it accounts for
 // parameters that got no gradient, waits for every bucket's future, and copies the reduced
 // values back into the .grad tensors.
+//
+// The .grad tensors are the bucket slots themselves (allocation-free aliases of the flat
+// buffer, which autograd does not treat as views, so optimizers may detach and zero them):
+// autograd accumulates straight into the bucket and the default all-reduce reduces in place, so
+// a step copies no gradient. A .grad that was replaced (set to None and re-created by autograd,
+// say) is copied into its slot once and pointed back at it.
 #include "chorus/ddp.h"
 
 #include <torch/csrc/autograd/engine.h>
@@ -47,6 +53,15 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
   std::mutex mu;
 
   void mark_ready(size_t i);
+  // Makes params[i].grad its bucket slot, keeping its value (zero when it had none).
+  void adopt_grad(size_t i) {
+    at::Tensor& slot = buckets[bucket_of[i]].views[slot_of[i]];
+    at::Tensor& grad = params[i].mutable_grad();
+    if (grad.defined() && grad.data_ptr() == slot.data_ptr()) return;
+    if (grad.defined()) slot.copy_(grad.reshape(slot.sizes()));
+    else slot.zero_();
+    grad = slot;
+  }
   void launch_ready_buckets();
   void finalize();
   void reset();
@@ -81,9 +96,7 @@ void DistributedDataParallel::Reducer::mark_ready(size_t i) {
   if (ready[i]) return;  // a parameter used twice in the graph fires once per use
   ready[i] = 1;
   Bucket& b = buckets[bucket_of[i]];
-  const at::Tensor& grad = params[i].grad();
-  if (grad.defined()) b.views[slot_of[i]].copy_(grad.reshape(b.views[slot_of[i]].sizes()));
-  else b.views[slot_of[i]].zero_();
+  adopt_grad(i);
   --b.pending;
   launch_ready_buckets();
 }
@@ -114,11 +127,10 @@ void DistributedDataParallel::Reducer::finalize() {
   std::string unused;
   for (size_t i = 0; i < params.size(); ++i)
     if (!ready[i]) {
-      if (options.find_unused_parameters) {
+      if (options.find_unused_parameters) {  // contributes what it holds: zero, or what no_sync accumulated
         ready[i] = 1;
-        Bucket& b = buckets[bucket_of[i]];
-        b.views[slot_of[i]].zero_();
-        --b.pending;
+        adopt_grad(i);
+        --buckets[bucket_of[i]].pending;
       } else {
         unused += concat(unused.empty() ? "" : ", ", names[i]);
       }
@@ -145,13 +157,11 @@ void DistributedDataParallel::Reducer::finalize() {
   for (size_t k = 0; k < buckets.size(); ++k) {
     Bucket& b = buckets[k];
     at::Tensor reduced = b.future->value().toTensor();
-    if (reduced.scalar_type() != b.buffer.scalar_type()) reduced = reduced.to(b.buffer.scalar_type());
+    // The default hook reduced in place; others return a tensor of their own.
+    if (reduced.data_ptr() != b.buffer.data_ptr()) b.buffer.copy_(reduced.reshape(b.buffer.sizes()));
     for (size_t s = 0; s < b.params.size(); ++s) {
-      at::Tensor& p = params[b.params[s]];
-      const int64_t off = b.views[s].storage_offset() - b.buffer.storage_offset();
-      at::Tensor value = reduced.narrow(0, off, p.numel()).view(p.sizes());
-      if (p.grad().defined()) p.mutable_grad().copy_(value);
-      else p.mutable_grad() = value.clone();
+      at::Tensor& grad = params[b.params[s]].mutable_grad();
+      if (!grad.defined() || grad.data_ptr() != b.views[s].data_ptr()) grad = b.views[s];
     }
   }
   reset();
@@ -220,7 +230,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     int64_t off = 0;
     for (size_t s = 0; s < idx.size(); ++s) {
       const at::Tensor& p = r.params[idx[s]];
-      b.views.push_back(b.buffer.narrow(0, off, p.numel()).view(p.sizes()));
+      b.views.push_back(detail::alias_of(b.buffer, p.sizes(), off));
       r.bucket_of[idx[s]] = r.buckets.size();
       r.slot_of[idx[s]] = s;
       off += p.numel();
@@ -228,6 +238,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     b.pending = idx.size();
     r.buckets.push_back(std::move(b));
   }
+  for (size_t i = 0; i < n; ++i) r.adopt_grad(i);
   r.hook = allreduce_hook(group_);
   for (size_t i = 0; i < n; ++i) {
     auto acc = torch::autograd::impl::grad_accumulator(r.params[i]);

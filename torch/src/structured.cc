@@ -149,22 +149,6 @@ std::string leaf_path(const c10::IValue& data, size_t index) {
   return path.empty() ? "the data" : path;
 }
 
-// A tensor over base's storage (no autograd view tracking: base never reaches the caller), with
-// sizes and strides, `offset` elements in.
-at::Tensor tensor_in(const at::Tensor& base, at::IntArrayRef sizes, at::IntArrayRef strides, int64_t offset) {
-  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(base.storage()), base.key_set(), base.dtype());
-  impl->set_sizes_and_strides(sizes, strides);
-  impl->set_storage_offset(base.storage_offset() + offset);
-  return at::Tensor(std::move(impl));
-}
-
-at::Tensor contiguous_in(const at::Tensor& base, at::IntArrayRef sizes, int64_t offset) {
-  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(base.storage()), base.key_set(), base.dtype());
-  impl->set_sizes_contiguous(sizes);
-  impl->set_storage_offset(base.storage_offset() + offset);
-  return at::Tensor(std::move(impl));
-}
-
 // data with its leaves replaced in walk order. A number leaf becomes a number again when
 // numbers_back (its tensor is 0-d then), else stays a tensor, which changes container types;
 // `changed` says whether v's type changed.
@@ -318,7 +302,7 @@ c10::IValue all_reduce_collection(ProcessGroup& g, const c10::IValue& data, Redu
     g.all_reduce_(flat, op);
     int64_t off = 0;
     for (size_t i : idx) {
-      out[i] = contiguous_in(flat, f.leaves[i].sizes(), off);
+      out[i] = alias_of(flat, f.leaves[i].sizes(), off);
       off += f.leaves[i].numel();
     }
   }
@@ -340,7 +324,7 @@ c10::IValue all_gather_collection(ProcessGroup& g, const c10::IValue& data, cons
       std::vector<int64_t> sizes{g.size()}, strides{total};
       sizes.insert(sizes.end(), leaf.sizes().begin(), leaf.sizes().end());
       strides.insert(strides.end(), leaf.strides().begin(), leaf.strides().end());
-      out[i] = tensor_in(all, sizes, strides, off);
+      out[i] = alias_of(all, sizes, strides, off);
       off += leaf.numel();
     }
   }
@@ -384,7 +368,7 @@ std::optional<c10::IValue> gather_collection(ProcessGroup& g, const c10::IValue&
       for (size_t i : idx) {
         auto sizes = f.leaves[i].sizes().vec();
         sizes[0] = all_rows[size_t(r) * n + i];
-        pieces[i].push_back(contiguous_in(all, sizes, off));
+        pieces[i].push_back(alias_of(all, sizes, off));
         off += c10::multiply_integers(sizes);
       }
   }

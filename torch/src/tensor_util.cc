@@ -49,4 +49,18 @@ std::string tensor_problem(const at::Tensor& t, std::optional<ReduceOp> op) {
   return "";
 }
 
+at::Tensor alias_of(const at::Tensor& base, at::IntArrayRef sizes, at::IntArrayRef strides, int64_t offset) {
+  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(base.storage()), base.key_set(), base.dtype());
+  impl->set_sizes_and_strides(sizes, strides);
+  impl->set_storage_offset(base.storage_offset() + offset);
+  return at::Tensor(std::move(impl));
+}
+
+at::Tensor alias_of(const at::Tensor& base, at::IntArrayRef sizes, int64_t offset) {
+  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(base.storage()), base.key_set(), base.dtype());
+  impl->set_sizes_contiguous(sizes);
+  impl->set_storage_offset(base.storage_offset() + offset);
+  return at::Tensor(std::move(impl));
+}
+
 }  // namespace chorus::detail

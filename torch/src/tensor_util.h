@@ -33,6 +33,12 @@ inline at::Tensor plain(const at::Tensor& t) {
   return t.resolve_conj().resolve_neg().contiguous();
 }
 
+// A contiguous tensor of `sizes` over base's storage, `offset` elements in (strided variant:
+// `strides`). Not an autograd view: it can be detached in place, and making it costs no
+// dispatcher call.
+at::Tensor alias_of(const at::Tensor& base, at::IntArrayRef sizes, int64_t offset);
+at::Tensor alias_of(const at::Tensor& base, at::IntArrayRef sizes, at::IntArrayRef strides, int64_t offset);
+
 // Elements of the core dtype that carry t.
 inline size_t core_count(const at::Tensor& t) {
   return size_t(t.numel()) * core_type(t.scalar_type())->per_element;
