@@ -30,8 +30,11 @@ def chorus_cases(text):
     rows = {}
     for line in text.splitlines():
         parts = line.split()
-        if len(parts) == 3 and not line.startswith("#") and parts[0] != "case":
-            rows[parts[0]] = float(parts[1])
+        if len(parts) == 3 and not line.startswith("#"):
+            try:
+                rows[parts[0]] = float(parts[1])
+            except ValueError:
+                pass  # the header line
     return rows
 
 
