@@ -166,9 +166,19 @@ std::vector<std::string> segments_of(const std::vector<int>& pids) {
   return out;
 }
 
+// A port for a launcher to bind later. Not from the ephemeral range (32768-60999 here), where the
+// outgoing connections of tests running in parallel could take it in the meantime.
 int free_port() {
-  chorus::TcpStoreServer probe("127.0.0.1", 0);
-  return probe.port();
+  static unsigned seed = unsigned(getpid()) * 2654435761u;
+  for (;;) {
+    seed = seed * 1103515245u + 12345u;
+    const int port = 20000 + int((seed >> 8) % 12000);
+    try {
+      chorus::TcpStoreServer probe("127.0.0.1", port);
+      return port;
+    } catch (const std::exception&) {
+    }
+  }
 }
 
 void expect_probes(const std::string& out, int world, const std::string& launcher, bool prefixed = true) {
