@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# The main job for now: builds chorus and runs a 4-process collective benchmark on this machine,
-# every result verified, printed as an nccl-tests-style table.
-# Usage: scripts/demo.sh [chorus-bench options]   (default: --np 4, 8 B .. 16 MiB)
+# The main job: builds chorus, then trains a small classifier with DDP in 4 processes started by
+# chorusrun on this machine (examples/train_ddp.cc): progress on rank 0, evaluation gathered
+# across ranks, a checkpoint from rank 0, a summary. About half a minute on 2 cores.
+# Usage: scripts/demo.sh [train_ddp options]   (e.g. --epochs 2, --out DIR; --help)
+#        CHORUS_DEMO_NPROC=2 scripts/demo.sh   (another number of processes)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build="$root/build"
 "$root/scripts/install-deps.sh"
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$build" -j "$(nproc)" --target chorus-bench
-if [[ $# -eq 0 ]]; then
-  set -- --np 4 --min-bytes 8 --max-bytes 16M --step-factor 8
-fi
-exec "$build/bench/chorus-bench" "$@"
+cmake --build "$build" -j "$(nproc)" --target chorusrun train_ddp
+exec "$build/launcher/chorusrun" --nproc-per-node "${CHORUS_DEMO_NPROC:-4}" --master-port 0 \
+  "$build/examples/train_ddp" "$@"

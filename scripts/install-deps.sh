@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Installs the Debian packages chorus needs to build, test and benchmark, when missing.
-# Usage: scripts/install-deps.sh [--bench]   (--bench adds Open MPI's headers for the MPI peer benchmark)
+# Usage: scripts/install-deps.sh [--bench]   (--bench adds Open MPI's headers for the MPI peer benchmark
+# and matplotlib for bench/plot.py)
 # The tests start programs under torchrun (python3-torch) and mpirun (openmpi-bin) too.
 set -euo pipefail
 
 packages=(cmake g++ make libgtest-dev libcli11-dev libopenblas0-pthread libtorch-dev openmpi-bin python3-torch)
 if [[ "${1:-}" == "--bench" ]]; then
-  packages+=(libopenmpi-dev)
+  packages+=(libopenmpi-dev python3-matplotlib)
 fi
 
 missing=()

@@ -1,0 +1,172 @@
+// The main job: trains a small classifier with DDP on a synthetic dataset.
+//
+//   chorusrun --nproc-per-node 4 build/examples/train_ddp     (scripts/demo.sh does this)
+//   build/examples/train_ddp --devices 4                       (Fabric::launch starts them)
+//
+// Rank 0 makes the dataset (deterministic: 10 Gaussian classes in 64 dimensions) while the others
+// wait (rank_zero_first), then broadcasts it; every rank trains on its own shard with gradients
+// averaged by DistributedDataParallel; evaluation gathers the predictions and reduces the metrics
+// across ranks; rank 0 alone writes the checkpoint and prints progress and the summary.
+#include <chorus/chorus.h>
+#include <torch/torch.h>
+
+#include <ATen/Parallel.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int64_t kClasses = 10, kDim = 64;
+
+c10::IValue make_dataset(int64_t train, int64_t test, uint64_t seed) {
+  auto gen = at::detail::createCPUGenerator(seed);
+  at::Tensor centers = at::randn({kClasses, kDim}, gen) * 0.8;
+  auto draw = [&](int64_t n) {
+    at::Tensor y = at::randint(0, kClasses, {n}, gen);
+    at::Tensor x = centers.index_select(0, y) + at::randn({n, kDim}, gen) * 2.5;
+    return std::make_pair(x, y);
+  };
+  auto [xtr, ytr] = draw(train);
+  auto [xte, yte] = draw(test);
+  c10::impl::GenericDict d(c10::StringType::get(), c10::TensorType::get());
+  d.insert("x_train", xtr);
+  d.insert("y_train", ytr);
+  d.insert("x_test", xte);
+  d.insert("y_test", yte);
+  return d;
+}
+
+// Rank 0's progress line: a bar, the running loss and the throughput of the whole job.
+class Progress {
+ public:
+  Progress(bool on, int epochs) : on_(on), tty_(isatty(STDOUT_FILENO)), epochs_(epochs) {}
+  void update(int epoch, double fraction, double loss, double samples_per_s) {
+    if (!on_) return;
+    const int tenth = int(fraction * 10);
+    if (!tty_ && tenth == last_tenth_ && fraction < 1) return;  // logs: every 10%
+    last_tenth_ = tenth;
+    const int width = 30, filled = int(fraction * width);
+    std::string bar(size_t(filled), '#');
+    bar += std::string(size_t(width - filled), '.');
+    std::printf("%sepoch %d/%d [%s] %3.0f%%  loss %.4f  %8.0f samples/s%s", tty_ ? "\r" : "", epoch, epochs_,
+                bar.c_str(), fraction * 100, loss, samples_per_s, tty_ && fraction < 1 ? "" : "\n");
+    std::fflush(stdout);
+  }
+
+ private:
+  bool on_, tty_;
+  int epochs_;
+  int last_tenth_ = -1;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"train_ddp: a small classifier trained with chorus DDP on a synthetic dataset"};
+  int devices = 4, epochs = 5, batch = 64;
+  int64_t train_size = 200000, test_size = 20000;
+  double lr = 0.05;
+  std::string out_dir = "/tmp/chorus-train-ddp";
+  app.add_option("--devices", devices, "processes to start when no launcher did")->check(CLI::PositiveNumber);
+  app.add_option("--epochs", epochs)->check(CLI::PositiveNumber);
+  app.add_option("--batch", batch, "samples per rank per step")->check(CLI::PositiveNumber);
+  app.add_option("--train-size", train_size)->check(CLI::PositiveNumber);
+  app.add_option("--test-size", test_size)->check(CLI::PositiveNumber);
+  app.add_option("--lr", lr);
+  app.add_option("--out", out_dir, "where rank 0 writes the checkpoint");
+  CLI11_PARSE(app, argc, argv);
+  at::set_num_threads(1);  // ranks share the cores
+
+  chorus::Fabric fabric({.devices = devices});
+  fabric.launch();
+  const int rank = fabric.global_rank(), world = fabric.world_size();
+  const auto t_start = Clock::now();
+  fabric.print("train_ddp:", world, "ranks |", train_size, "training samples |", epochs, "epochs | batch", batch,
+               "per rank");
+
+  // The dataset: made once on rank 0 while the others wait, then broadcast to everyone.
+  c10::IValue data;
+  fabric.rank_zero_first([&] {
+    if (rank == 0) data = make_dataset(train_size, test_size, /*seed=*/2026);
+  });
+  auto d = fabric.broadcast(data, 0).toGenericDict();
+  const at::Tensor x_train = d.at("x_train").toTensor(), y_train = d.at("y_train").toTensor();
+  const at::Tensor x_test = d.at("x_test").toTensor(), y_test = d.at("y_test").toTensor();
+
+  chorus::set_seed(0);
+  torch::nn::Sequential model(torch::nn::Linear(kDim, 512), torch::nn::ReLU(), torch::nn::Linear(512, 512),
+                              torch::nn::ReLU(), torch::nn::Linear(512, kClasses));
+  auto& ddp = fabric.setup(model);
+  (void)ddp;
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(lr).momentum(0.9));
+
+  // Each rank's shard: every world-th sample, reshuffled per epoch with a seed all ranks share.
+  Progress progress(fabric.is_global_zero(), epochs);
+  const int64_t per_rank = train_size / world;
+  const int64_t steps = per_rank / batch;
+  int64_t samples_seen = 0;
+  const auto t_train = Clock::now();
+  for (int epoch = 1; epoch <= epochs; ++epoch) {
+    auto gen = at::detail::createCPUGenerator(uint64_t(epoch));
+    at::Tensor order = at::randperm(train_size, gen).slice(0, rank, world * per_rank, world);
+    double running = 0;
+    for (int64_t s = 0; s < steps; ++s) {
+      at::Tensor idx = order.slice(0, s * batch, (s + 1) * batch);
+      opt.zero_grad();
+      at::Tensor loss = torch::nn::functional::cross_entropy(model->forward(x_train.index_select(0, idx)),
+                                                             y_train.index_select(0, idx));
+      loss.backward();  // gradients averaged over the ranks here
+      opt.step();
+      running = s == 0 ? loss.item<double>() : 0.95 * running + 0.05 * loss.item<double>();
+      samples_seen += batch * world;
+      const double secs = std::chrono::duration<double>(Clock::now() - t_train).count();
+      progress.update(epoch, double(s + 1) / double(steps), running, double(samples_seen) / secs);
+    }
+  }
+  const double train_secs = std::chrono::duration<double>(Clock::now() - t_train).count();
+
+  // Evaluation: every rank scores its shard; predictions are gathered on rank 0, metrics reduced.
+  torch::NoGradGuard no_grad;
+  at::Tensor mine = at::arange(rank, test_size, world);
+  at::Tensor logits = model->forward(x_test.index_select(0, mine));
+  at::Tensor preds = logits.argmax(1);
+  c10::impl::GenericDict metrics(c10::StringType::get(), c10::AnyType::get());
+  metrics.insert("correct", preds.eq(y_test.index_select(0, mine)).sum().item<int64_t>());
+  metrics.insert("count", mine.numel());
+  metrics.insert("loss_sum", torch::nn::functional::cross_entropy(
+                                 logits, y_test.index_select(0, mine),
+                                 torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                                 .item<double>());
+  auto totals = fabric.all_reduce(c10::IValue(metrics), nullptr, chorus::ReduceOp::Sum).toGenericDict();
+  auto all_preds = chorus::gather(preds);  // concatenated on rank 0: per-class accuracy there
+  const double accuracy = double(totals.at("correct").toInt()) / double(totals.at("count").toInt());
+  const double test_loss = totals.at("loss_sum").toDouble() / double(totals.at("count").toInt());
+
+  if (fabric.is_global_zero()) {
+    std::vector<at::Tensor> owners;
+    for (int r = 0; r < world; ++r) owners.push_back(at::arange(r, test_size, world));
+    at::Tensor truth = y_test.index_select(0, at::cat(owners));
+    at::Tensor hit = all_preds->eq(truth);
+    std::string per_class;
+    for (int64_t c = 0; c < kClasses; ++c) {
+      at::Tensor in_class = truth.eq(c);
+      per_class += chorus::detail::concat(c ? " " : "", int(100 * hit.masked_select(in_class).to(at::kFloat).mean().item<float>()));
+    }
+    std::filesystem::create_directories(out_dir);
+    torch::save(model, out_dir + "/model.pt");
+    std::printf("per-class accuracy (%%): %s\n", per_class.c_str());
+    std::printf("checkpoint: %s/model.pt (rank 0 only)\n", out_dir.c_str());
+    std::printf("summary: %d ranks, %d epochs, %lld samples in %.1f s (%.0f samples/s); test accuracy %.2f%%, test loss %.4f; "
+                "total %.1f s\n",
+                world, epochs, (long long)samples_seen, train_secs, double(samples_seen) / train_secs, accuracy * 100,
+                test_loss, std::chrono::duration<double>(Clock::now() - t_start).count());
+  }
+  fabric.barrier();
+  return accuracy > 0.5 ? 0 : 1;
+}
