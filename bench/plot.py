@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Plots busbw against message size for chorus, Open MPI and torch gloo from compare.py's
 combined.csv: one panel per collective, at one world size.
 
