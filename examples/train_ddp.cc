@@ -156,7 +156,8 @@ int main(int argc, char** argv) {
     std::string per_class;
     for (int64_t c = 0; c < kClasses; ++c) {
       at::Tensor in_class = truth.eq(c);
-      per_class += chorus::detail::concat(c ? " " : "", int(100 * hit.masked_select(in_class).to(at::kFloat).mean().item<float>()));
+      const int percent = int(100 * hit.masked_select(in_class).to(at::kFloat).mean().item<float>());
+      per_class += (c ? " " : "") + std::to_string(percent);
     }
     std::filesystem::create_directories(out_dir);
     torch::save(model, out_dir + "/model.pt");

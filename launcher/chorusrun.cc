@@ -93,7 +93,8 @@ int run(const Options& o, const std::vector<std::string>& program) {
                " workers so they do not oversubscribe the cores; set it yourself to choose another value"));
 
   // SIGINT, SIGTERM and SIGHUP stop the workers first; SIGKILL takes them down through
-  // PR_SET_PDEATHSIG.
+  // PR_SET_PDEATHSIG. A closed stdout (chorusrun ... | head) must not end the supervision.
+  signal(SIGPIPE, SIG_IGN);
   sigset_t stops;
   sigemptyset(&stops);
   for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&stops, s);
