@@ -173,16 +173,16 @@ int worker(const Options& o) {
 // Starts np copies of this program as ranks, hosting their store; returns the exit code.
 int spawn(int np, char** argv) {
   TcpStoreServer server("127.0.0.1", 0);
-  const std::string port = std::to_string(server.port()), world = std::to_string(np);
   std::vector<std::string> args = {"/proc/self/exe"};
   for (char** a = argv + 1; *a; ++a) args.emplace_back(*a);
   std::vector<WorkerSpec> specs;
   for (int r = 0; r < np; ++r) {
-    const std::string rank = std::to_string(r);
-    specs.push_back({r, args, {{"RANK", rank}, {"LOCAL_RANK", rank}, {"WORLD_SIZE", world},
-                               {"LOCAL_WORLD_SIZE", world}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port},
-                               {"CHORUS_LAUNCHER", "chorusrun"}, {"CHORUS_STORE_ADDR", "127.0.0.1"},
-                               {"CHORUS_STORE_PORT", port}}});
+    WorkerPlace place;
+    place.rank = place.local_rank = r;
+    place.world_size = place.local_world_size = np;
+    place.store_port = server.port();
+    place.run_id = "chorus-bench";
+    specs.push_back({r, args, launcher_environment(place)});
     if (!std::getenv("OMP_NUM_THREADS")) specs.back().env.emplace_back("OMP_NUM_THREADS", "1");
   }
   SupervisorOptions options;

@@ -46,35 +46,19 @@ void say(const std::string& what) { std::fprintf(stderr, "chorusrun: %s\n", what
 
 std::vector<std::pair<std::string, std::string>> worker_env(const Options& o, int nproc, int local, int port,
                                                            int restart, const std::string& run_id) {
-  const int rank = o.node_rank * nproc + local, world = o.nnodes * nproc;
-  const auto s = [](auto v) { return concat(v); };
-  std::vector<std::pair<std::string, std::string>> env = {
-      {"RANK", s(rank)},
-      {"LOCAL_RANK", s(local)},
-      {"WORLD_SIZE", s(world)},
-      {"LOCAL_WORLD_SIZE", s(nproc)},
-      {"GROUP_RANK", s(o.node_rank)},
-      {"NODE_RANK", s(o.node_rank)},
-      {"GROUP_WORLD_SIZE", s(o.nnodes)},
-      {"ROLE_RANK", s(rank)},
-      {"ROLE_NAME", "default"},
-      {"ROLE_WORLD_SIZE", s(world)},
-      {"MASTER_ADDR", o.master_addr},
-      {"MASTER_PORT", s(port)},
-      {"TORCHELASTIC_RESTART_COUNT", s(restart)},
-      {"TORCHELASTIC_MAX_RESTARTS", s(o.max_restarts)},
-      {"TORCHELASTIC_RUN_ID", run_id},
-      {"CHORUS_LAUNCHER", "chorusrun"},
-      {"CHORUS_RANK", s(rank)},
-      {"CHORUS_LOCAL_RANK", s(local)},
-      {"CHORUS_WORLD_SIZE", s(world)},
-      {"CHORUS_LOCAL_WORLD_SIZE", s(nproc)},
-      {"CHORUS_NODE_RANK", s(o.node_rank)},
-      {"CHORUS_STORE_ADDR", o.master_addr},
-      {"CHORUS_STORE_PORT", s(port)},
-      {"CHORUS_RESTART_COUNT", s(restart)},
-      {"CHORUS_RUN_ID", run_id},
-  };
+  chorus::WorkerPlace place;
+  place.rank = o.node_rank * nproc + local;
+  place.local_rank = local;
+  place.world_size = o.nnodes * nproc;
+  place.local_world_size = nproc;
+  place.node_rank = o.node_rank;
+  place.num_nodes = o.nnodes;
+  place.store_addr = o.master_addr;
+  place.store_port = port;
+  place.restart_count = restart;
+  place.max_restarts = o.max_restarts;
+  place.run_id = run_id;
+  auto env = chorus::launcher_environment(place);
   if (nproc > 1 && !std::getenv("OMP_NUM_THREADS")) env.emplace_back("OMP_NUM_THREADS", "1");
   return env;
 }

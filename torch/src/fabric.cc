@@ -67,15 +67,13 @@ std::vector<std::string> own_arguments() {
 Environment spawn_local_ranks(int n) {
   auto& kids = children();
   kids.store = std::make_unique<TcpStoreServer>("127.0.0.1", 0);
-  const std::string port = std::to_string(kids.store->port()), world = std::to_string(n);
-  const std::string run_id = concat("fabric-", getpid());
-  auto env_of = [&](int rank) {
-    const std::string r = std::to_string(rank);
-    return std::vector<std::pair<std::string, std::string>>{
-        {"RANK", r}, {"LOCAL_RANK", r}, {"WORLD_SIZE", world}, {"LOCAL_WORLD_SIZE", world},
-        {"GROUP_RANK", "0"}, {"NODE_RANK", "0"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port},
-        {"CHORUS_LAUNCHER", "chorusrun"}, {"CHORUS_STORE_ADDR", "127.0.0.1"}, {"CHORUS_STORE_PORT", port},
-        {"CHORUS_RUN_ID", run_id}};
+  auto env_of = [&, run_id = concat("fabric-", getpid())](int rank) {
+    WorkerPlace place;
+    place.rank = place.local_rank = rank;
+    place.world_size = place.local_world_size = n;
+    place.store_port = kids.store->port();
+    place.run_id = run_id;
+    return launcher_environment(place);
   };
   auto args = own_arguments();
   args.at(0) = "/proc/self/exe";  // the same binary, wherever it was started from

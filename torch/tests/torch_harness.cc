@@ -1,5 +1,7 @@
 #include "torch_harness.h"
 
+#include "chorus/core/supervisor.h"
+
 #include <gtest/gtest.h>
 
 #include <ATen/Parallel.h>
@@ -12,16 +14,12 @@ namespace chorus::test {
 void run_world(int world, const std::function<void()>& body) {
   SCOPED_TRACE(detail::concat("world size ", world));
   expect_all_ok(run_ranks(world, [&](RankContext& ctx) {
-    const std::string r = std::to_string(ctx.rank), w = std::to_string(world), p = std::to_string(ctx.store_port);
-    setenv("RANK", r.c_str(), 1);
-    setenv("LOCAL_RANK", r.c_str(), 1);
-    setenv("WORLD_SIZE", w.c_str(), 1);
-    setenv("LOCAL_WORLD_SIZE", w.c_str(), 1);
-    setenv("MASTER_ADDR", "127.0.0.1", 1);
-    setenv("MASTER_PORT", p.c_str(), 1);
-    setenv("CHORUS_LAUNCHER", "chorusrun", 1);
-    setenv("CHORUS_STORE_ADDR", "127.0.0.1", 1);
-    setenv("CHORUS_STORE_PORT", p.c_str(), 1);
+    WorkerPlace place;
+    place.rank = place.local_rank = ctx.rank;
+    place.world_size = place.local_world_size = world;
+    place.store_port = ctx.store_port;
+    place.run_id = "torch-test";
+    for (const auto& [k, v] : launcher_environment(place)) setenv(k.c_str(), v.c_str(), 1);
     at::set_num_threads(1);
     init_process_group({.timeout = std::chrono::seconds(60)});
     body();

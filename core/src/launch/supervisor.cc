@@ -28,6 +28,37 @@ std::string signal_name(int signal) {
   return concat("signal ", signal);
 }
 
+std::vector<std::pair<std::string, std::string>> launcher_environment(const WorkerPlace& p) {
+  const auto s = [](auto v) { return concat(v); };
+  return {
+      {"RANK", s(p.rank)},
+      {"LOCAL_RANK", s(p.local_rank)},
+      {"WORLD_SIZE", s(p.world_size)},
+      {"LOCAL_WORLD_SIZE", s(p.local_world_size)},
+      {"GROUP_RANK", s(p.node_rank)},
+      {"NODE_RANK", s(p.node_rank)},
+      {"GROUP_WORLD_SIZE", s(p.num_nodes)},
+      {"ROLE_RANK", s(p.rank)},
+      {"ROLE_NAME", "default"},
+      {"ROLE_WORLD_SIZE", s(p.world_size)},
+      {"MASTER_ADDR", p.store_addr},
+      {"MASTER_PORT", s(p.store_port)},
+      {"TORCHELASTIC_RESTART_COUNT", s(p.restart_count)},
+      {"TORCHELASTIC_MAX_RESTARTS", s(p.max_restarts)},
+      {"TORCHELASTIC_RUN_ID", p.run_id},
+      {"CHORUS_LAUNCHER", "chorusrun"},
+      {"CHORUS_RANK", s(p.rank)},
+      {"CHORUS_LOCAL_RANK", s(p.local_rank)},
+      {"CHORUS_WORLD_SIZE", s(p.world_size)},
+      {"CHORUS_LOCAL_WORLD_SIZE", s(p.local_world_size)},
+      {"CHORUS_NODE_RANK", s(p.node_rank)},
+      {"CHORUS_STORE_ADDR", p.store_addr},
+      {"CHORUS_STORE_PORT", s(p.store_port)},
+      {"CHORUS_RESTART_COUNT", s(p.restart_count)},
+      {"CHORUS_RUN_ID", p.run_id},
+  };
+}
+
 std::string WorkerExit::describe() const {
   const std::string who = concat("rank ", rank, " (pid ", pid, ")");
   if (signal) return concat(who, " was killed by ", signal_name(signal));
