@@ -91,17 +91,47 @@ CommHook bf16_compress_wrapper(CommHook inner) { return compress_wrapper(std::mo
 // error feedback, what the approximation lost is added to the next iteration's gradient; with
 // warm start, Q carries over between iterations. Vectors (biases) and matrices too small to gain
 // are averaged as they are. The first start_powerSGD_iter iterations are plain averages.
+namespace {
+
+// Before start_powerSGD_iter: a plain average, and the iteration count moves on.
+FuturePtr plain_while_warming_up(PowerSGDState& state, GradBucket& bucket, ProcessGroup& g) {
+  if (state.iter >= state.start_powerSGD_iter) return FuturePtr();
+  if (bucket.is_last()) ++state.iter;
+  return average_async(g, bucket.buffer());
+}
+
+// The rank-`rank` average over the group of m (n x k, a floating type CPU kernels factor):
+// P = avg(m Q), orthonormalized; Q' = avg(m^T P); returns P Q'^T. q is the warm start, seeded
+// identically on every rank when it must be made (first time, shape change, or no warm start),
+// and becomes Q' orthonormalized.
+at::Tensor low_rank_average(ProcessGroup& g, const PowerSGDState& state, at::Tensor& q, uint64_t seed,
+                            const at::Tensor& m, int64_t rank) {
+  if (!q.defined() || !state.warm_start || q.size(0) != m.size(1)) {
+    at::Generator gen = at::detail::createCPUGenerator(seed);
+    q = at::randn({m.size(1), rank}, gen, at::TensorOptions().dtype(m.scalar_type()));
+    orthogonalize(q);
+  }
+  at::Tensor p = at::mm(m, q);
+  average_(g, p);
+  orthogonalize(p);
+  at::Tensor new_q = at::mm(m.t(), p);
+  average_(g, new_q);
+  at::Tensor approx = at::mm(p, new_q.t());
+  q = new_q;
+  orthogonalize(q);
+  return approx;
+}
+
+}  // namespace
+
 CommHook powerSGD_hook(std::shared_ptr<PowerSGDState> state) {
   if (!state) throw InvalidArgument("powerSGD_hook: the state is null");
   if (state->matrix_approximation_rank < 1) throw InvalidArgument("powerSGD_hook: matrix_approximation_rank must be >= 1");
   return [state](GradBucket& bucket) -> FuturePtr {
     ProcessGroup& g = group_or_default(state->group);
+    if (auto plain = plain_while_warming_up(*state, bucket, g)) return plain;
     at::Tensor& buffer = bucket.buffer();
     const size_t key = bucket.index();
-    if (state->iter < state->start_powerSGD_iter) {
-      if (bucket.is_last()) ++state->iter;
-      return average_async(g, buffer);
-    }
     at::NoGradGuard no_grad;
     if (state->use_error_feedback) {
       auto& e = state->error[key];
@@ -109,46 +139,23 @@ CommHook powerSGD_hook(std::shared_ptr<PowerSGDState> state) {
     }
     at::Tensor input = state->use_error_feedback ? buffer.clone() : at::Tensor();
     const int64_t r = state->matrix_approximation_rank;
-    std::vector<at::Tensor> matrices, vectors;
-    for (const auto& grad : bucket.gradients()) {
+    const auto& grads = bucket.gradients();
+    for (size_t i = 0; i < grads.size(); ++i) {
+      const at::Tensor& grad = grads[i];
       const int64_t n = grad.dim() >= 2 ? grad.size(0) : 0, m = n ? grad.numel() / n : 0;
       const int64_t rank = std::min({r, n, m});
-      if (n && m && double(n * m) >= state->min_compression_rate * double((n + m) * rank)) {
-        matrices.push_back(grad.view({n, m}));
-      } else {
-        matrices.push_back(at::Tensor());
-        vectors.push_back(grad);
+      if (!n || !m || double(n * m) < state->min_compression_rate * double((n + m) * rank)) {
+        // Vectors and matrices too small to gain: averaged as they are.
+        at::Tensor flat = grad.reshape({-1}).contiguous();
+        average_(g, flat);
+        grad.copy_(flat.view(grad.sizes()));
+        continue;
       }
-    }
-    // Vectors and small matrices: averaged as they are.
-    for (auto& v : vectors) {
-      at::Tensor flat = v.reshape({-1}).contiguous();
-      average_(g, flat);
-      v.copy_(flat.view(v.sizes()));
-    }
-    // Q per matrix: seeded identically on every rank the first time (or every time without warm start).
-    auto& qs = state->q;
-    for (size_t i = 0; i < matrices.size(); ++i) {
-      if (!matrices[i].defined()) continue;
       // Half-precision buckets (under a compression wrapper) are factored in f32: CPU kernels
       // for mm and QR do not take f16.
-      const at::Tensor mtx = matrices[i].to(math_type(matrices[i]));
+      at::Tensor matrix = grad.view({n, m});
       const size_t slot = key * 1000003 + i;
-      at::Tensor& q = qs[slot];
-      if (!q.defined() || !state->warm_start || q.size(0) != mtx.size(1)) {
-        at::Generator gen = at::detail::createCPUGenerator(state->seed + slot);
-        q = at::randn({mtx.size(1), std::min({r, mtx.size(0), mtx.size(1)})}, gen,
-                      at::TensorOptions().dtype(mtx.scalar_type()));
-        orthogonalize(q);
-      }
-      at::Tensor p = at::mm(mtx, q);
-      average_(g, p);
-      orthogonalize(p);
-      at::Tensor new_q = at::mm(mtx.t(), p);
-      average_(g, new_q);
-      matrices[i].copy_(at::mm(p, new_q.t()));
-      q = new_q;
-      orthogonalize(q);
+      matrix.copy_(low_rank_average(g, *state, state->q[slot], state->seed + slot, matrix.to(math_type(matrix)), rank));
     }
     if (state->use_error_feedback) state->error[key] = input - buffer;
     if (bucket.is_last()) ++state->iter;
@@ -161,16 +168,12 @@ CommHook batched_powerSGD_hook(std::shared_ptr<PowerSGDState> state) {
   if (!state) throw InvalidArgument("batched_powerSGD_hook: the state is null");
   return [state](GradBucket& bucket) -> FuturePtr {
     ProcessGroup& g = group_or_default(state->group);
+    if (auto plain = plain_while_warming_up(*state, bucket, g)) return plain;
     at::Tensor& buffer = bucket.buffer();
     const size_t key = bucket.index();
-    if (state->iter < state->start_powerSGD_iter) {
-      if (bucket.is_last()) ++state->iter;
-      return average_async(g, buffer);
-    }
     at::NoGradGuard no_grad;
     const int64_t total = buffer.numel();
     const int64_t side = int64_t(std::ceil(std::sqrt(double(total))));
-    const int64_t r = std::min<int64_t>(state->matrix_approximation_rank, side);
     at::Tensor mtx = at::zeros({side * side}, buffer.options().dtype(math_type(buffer)));
     mtx.narrow(0, 0, total).copy_(buffer);
     if (state->use_error_feedback) {
@@ -178,21 +181,9 @@ CommHook batched_powerSGD_hook(std::shared_ptr<PowerSGDState> state) {
       if (e.defined() && e.numel() == side * side) mtx.add_(e);
     }
     at::Tensor input = state->use_error_feedback ? mtx.clone() : at::Tensor();
-    at::Tensor m2 = mtx.view({side, side});
-    at::Tensor& q = state->q[key];
-    if (!q.defined() || !state->warm_start || q.size(0) != side) {
-      at::Generator gen = at::detail::createCPUGenerator(state->seed + key);
-      q = at::randn({side, r}, gen, at::TensorOptions().dtype(mtx.scalar_type()));
-      orthogonalize(q);
-    }
-    at::Tensor p = at::mm(m2, q);
-    average_(g, p);
-    orthogonalize(p);
-    at::Tensor new_q = at::mm(m2.t(), p);
-    average_(g, new_q);
-    m2.copy_(at::mm(p, new_q.t()));
-    q = new_q;
-    orthogonalize(q);
+    at::Tensor square = mtx.view({side, side});
+    const int64_t rank = std::min<int64_t>(state->matrix_approximation_rank, side);
+    square.copy_(low_rank_average(g, *state, state->q[key], state->seed + key, square, rank));
     if (state->use_error_feedback) state->error[key] = input - mtx;
     buffer.copy_(mtx.narrow(0, 0, total));
     if (bucket.is_last()) ++state->iter;
