@@ -10,6 +10,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <type_traits>
 
 #include "chorus/core/error.h"
 #include "chorus/core/settings.h"
@@ -45,9 +46,9 @@ class TorchStore::Connection {
       : fd_(net::connect_to(host, port, timeout)) {}
   ~Connection() { close(fd_); }
 
-  // Sends the frame; false when the connection failed.
-  bool send(const Frame& f, Clock::time_point deadline) {
-    return net::send_all(fd_, f.bytes.data(), f.bytes.size(), deadline);
+  // Sends the request; false when the connection failed.
+  bool send(const std::string& request, Clock::time_point deadline) {
+    return net::send_all(fd_, request.data(), request.size(), deadline);
   }
   // Reads exactly n bytes before the deadline: 1 done, 0 timed out, -1 connection failed.
   int read(void* out, size_t n, Clock::time_point deadline) {
@@ -98,80 +99,70 @@ void TorchStore::give_back(std::unique_ptr<Connection> c) {
   idle_.push_back(std::move(c));
 }
 
-void TorchStore::set(const std::string& key, const std::string& value) {
-  auto c = borrow();
-  if (!c->send(Frame(kSet).str(key).str(value), Clock::now() + timeout()))
-    throw StoreError(detail::concat(describe(), ": cannot send set('", key, "'): the connection failed"));
-  give_back(std::move(c));
-}
-
 namespace {
 [[noreturn]] void answer_failed(const std::string& where, const std::string& what, int rc) {
   throw StoreError(detail::concat(where, ": ", rc == 0 ? "no answer to " : "the connection closed during ", what));
 }
+
+std::string keys_request(Query q, const std::vector<std::string>& keys) {
+  Frame f(q);
+  f.value<uint64_t>(keys.size());
+  for (const auto& k : keys) f.str(k);
+  return f.bytes;
+}
 }  // namespace
+
+template <class Answer>
+Answer TorchStore::ask(const std::string& request, const std::string& what) {
+  auto c = borrow();
+  const auto deadline = Clock::now() + timeout();
+  if (!c->send(request, deadline)) answer_failed(describe(), what, -1);
+  Answer answer{};
+  int rc;
+  if constexpr (std::is_same_v<Answer, std::string>) {
+    uint64_t n = 0;
+    rc = c->read(&n, sizeof(n), deadline);
+    if (rc == 1 && n) {
+      answer.resize(n);
+      rc = c->read(answer.data(), n, deadline);
+    }
+  } else {
+    rc = c->read(&answer, sizeof(answer), deadline);
+  }
+  if (rc != 1) answer_failed(describe(), what, rc);
+  give_back(std::move(c));
+  return answer;
+}
+
+void TorchStore::set(const std::string& key, const std::string& value) {
+  auto c = borrow();
+  if (!c->send(Frame(kSet).str(key).str(value).bytes, Clock::now() + timeout()))
+    throw StoreError(detail::concat(describe(), ": cannot send set('", key, "'): the connection failed"));
+  give_back(std::move(c));
+}
 
 std::string TorchStore::get(const std::string& key) {
   wait({key}, timeout());
-  auto c = borrow();
-  const auto deadline = Clock::now() + timeout();
-  const std::string what = "get('" + key + "')";
-  if (!c->send(Frame(kGet).str(key), deadline)) answer_failed(describe(), what, -1);
-  uint64_t n = 0;
-  int rc = c->read(&n, sizeof(n), deadline);
-  std::string value(rc == 1 ? n : 0, '\0');
-  if (rc == 1 && n) rc = c->read(value.data(), n, deadline);
-  if (rc != 1) answer_failed(describe(), what, rc);
-  give_back(std::move(c));
-  return value;
+  return ask<std::string>(Frame(kGet).str(key).bytes, "get('" + key + "')");
 }
 
 int64_t TorchStore::add(const std::string& key, int64_t delta) {
-  auto c = borrow();
-  const auto deadline = Clock::now() + timeout();
-  const std::string what = "add('" + key + "')";
-  if (!c->send(Frame(kAdd).str(key).value<int64_t>(delta), deadline)) answer_failed(describe(), what, -1);
-  int64_t v = 0;
-  if (int rc = c->read(&v, sizeof(v), deadline); rc != 1) answer_failed(describe(), what, rc);
-  give_back(std::move(c));
-  return v;
+  return ask<int64_t>(Frame(kAdd).str(key).value<int64_t>(delta).bytes, "add('" + key + "')");
 }
 
 std::string TorchStore::compare_set(const std::string& key, const std::string& expected, const std::string& desired) {
-  auto c = borrow();
-  const auto deadline = Clock::now() + timeout();
-  const std::string what = "compare_set('" + key + "')";
-  if (!c->send(Frame(kCompareSet).str(key).str(expected).str(desired), deadline)) answer_failed(describe(), what, -1);
-  uint64_t n = 0;
-  int rc = c->read(&n, sizeof(n), deadline);
-  std::string value(rc == 1 ? n : 0, '\0');
-  if (rc == 1 && n) rc = c->read(value.data(), n, deadline);
-  if (rc != 1) answer_failed(describe(), what, rc);
-  give_back(std::move(c));
-  return value;
+  return ask<std::string>(Frame(kCompareSet).str(key).str(expected).str(desired).bytes, "compare_set('" + key + "')");
 }
 
 bool TorchStore::check(const std::vector<std::string>& keys) {
-  auto c = borrow();
-  const auto deadline = Clock::now() + timeout();
-  Frame f(kCheck);
-  f.value<uint64_t>(keys.size());
-  for (const auto& k : keys) f.str(k);
-  if (!c->send(f, deadline)) answer_failed(describe(), "check", -1);
-  uint8_t answer = 1;
-  if (int rc = c->read(&answer, 1, deadline); rc != 1) answer_failed(describe(), "check", rc);
-  give_back(std::move(c));
-  return answer == 0;
+  return ask<uint8_t>(keys_request(kCheck, keys), "check") == 0;  // READY
 }
 
 void TorchStore::wait(const std::vector<std::string>& keys, std::optional<std::chrono::milliseconds> timeout) {
   const auto limit = timeout.value_or(this->timeout());
   auto c = borrow();
-  Frame f(kWait);
-  f.value<uint64_t>(keys.size());
-  for (const auto& k : keys) f.str(k);
   const auto deadline = Clock::now() + limit;
-  if (!c->send(f, deadline)) answer_failed(describe(), "wait", -1);
+  if (!c->send(keys_request(kWait, keys), deadline)) answer_failed(describe(), "wait", -1);
   uint8_t answer = 1;
   int rc = c->read(&answer, 1, deadline);
   if (rc == 0) {
@@ -186,14 +177,7 @@ void TorchStore::wait(const std::vector<std::string>& keys, std::optional<std::c
 }
 
 bool TorchStore::delete_key(const std::string& key) {
-  auto c = borrow();
-  const auto deadline = Clock::now() + timeout();
-  const std::string what = "delete_key('" + key + "')";
-  if (!c->send(Frame(kDeleteKey).str(key), deadline)) answer_failed(describe(), what, -1);
-  int64_t n = 0;
-  if (int rc = c->read(&n, sizeof(n), deadline); rc != 1) answer_failed(describe(), what, rc);
-  give_back(std::move(c));
-  return n == 1;
+  return ask<int64_t>(Frame(kDeleteKey).str(key).bytes, "delete_key('" + key + "')") == 1;
 }
 
 }  // namespace chorus

@@ -33,6 +33,11 @@ class TorchStore : public Store {
 
  private:
   class Connection;
+  // One request and its answer on a borrowed connection: a fixed-size value, or (std::string) a
+  // length-prefixed byte string. Throws StoreError naming `what` when the connection fails or
+  // no answer comes within timeout().
+  template <class Answer>
+  Answer ask(const std::string& request, const std::string& what);
   std::unique_ptr<Connection> borrow();
   void give_back(std::unique_ptr<Connection> c);
 
