@@ -99,9 +99,7 @@ c10::TupleTypePtr tensor_information_type() {
 
 c10::IValue honor_type(const c10::IValue& like, std::vector<c10::IValue> items) {
   if (like.isList()) {
-    auto list = like.toList();
-    std::vector<c10::IValue> copy = items;
-    c10::impl::GenericList out(item_type(list.elementType(), copy));
+    c10::impl::GenericList out(item_type(like.toList().elementType(), items));
     out.reserve(items.size());
     for (auto& i : items) out.push_back(std::move(i));
     return out;

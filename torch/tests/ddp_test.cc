@@ -45,13 +45,12 @@ void check_identical_across_ranks(torch::nn::Module& m) {
   }
 }
 
-void train_matches_one_process(bool conv) {
+// `steps` SGD steps of `model` (under DDP, this rank's B rows of each global batch) next to
+// `reference` trained alone on the whole global batch.
+void train_side_by_side(torch::nn::Sequential& model, torch::nn::Sequential& reference, int steps, bool conv) {
   const int w = default_group()->size(), me = default_group()->rank(), b = 4;
-  auto model = conv ? make_convnet() : make_mlp();
-  auto reference = conv ? make_convnet() : make_mlp();
-  DistributedDataParallel ddp(model.ptr());
   torch::optim::SGD opt(model->parameters(), 0.1), ref_opt(reference->parameters(), 0.1);
-  for (int step = 0; step < 10; ++step) {
+  for (int step = 0; step < steps; ++step) {
     auto [x, y] = global_batch(step, w, b, conv);
     opt.zero_grad();
     torch::mse_loss(model->forward(x.narrow(0, me * b, b)), y.narrow(0, me * b, b)).backward();
@@ -60,6 +59,13 @@ void train_matches_one_process(bool conv) {
     torch::mse_loss(reference->forward(x), y).backward();
     ref_opt.step();
   }
+}
+
+void train_matches_one_process(bool conv) {
+  auto model = conv ? make_convnet() : make_mlp();
+  auto reference = conv ? make_convnet() : make_mlp();
+  DistributedDataParallel ddp(model.ptr());
+  train_side_by_side(model, reference, 10, conv);
   const double d = max_diff(*model, *reference);
   RANK_CHECK(d <= 1e-5, "DDP drifted from one process with the whole batch by ", d);
   check_identical_across_ranks(*model);
@@ -75,23 +81,13 @@ TEST(DDP, ConvNetMatchesOneProcessWithTheWholeBatch) {
 
 TEST(DDP, SmallBucketsOverlapAndStillMatch) {
   for_worlds({2}, [] {
-    const int w = 2, me = default_group()->rank(), b = 4;
     auto model = make_mlp();
     auto reference = make_mlp();
     // Tiny buckets: one per parameter or so, launched while backward is still running.
     DistributedDataParallel ddp(model.ptr(), {.bucket_cap_mb = 1e-5, .first_bucket_mb = 1e-5});
     RANK_CHECK(ddp.bucket_layout().size() == 6, "expected a bucket per parameter, got ", ddp.bucket_layout().size());
     RANK_CHECK(ddp.bucket_layout().front().front() == model->parameters().size() - 1, "buckets start from the last parameter");
-    torch::optim::SGD opt(model->parameters(), 0.1), ref_opt(reference->parameters(), 0.1);
-    for (int step = 0; step < 5; ++step) {
-      auto [x, y] = global_batch(step, w, b, false);
-      opt.zero_grad();
-      torch::mse_loss(model->forward(x.narrow(0, me * b, b)), y.narrow(0, me * b, b)).backward();
-      opt.step();
-      ref_opt.zero_grad();
-      torch::mse_loss(reference->forward(x), y).backward();
-      ref_opt.step();
-    }
+    train_side_by_side(model, reference, 5, false);
     RANK_CHECK(max_diff(*model, *reference) <= 1e-5);
   });
 }
