@@ -20,11 +20,12 @@ SIZES = [8, 1024, 65536, 1 << 20, 16 << 20, 64 << 20]
 OPS = ["barrier", "all_reduce", "all_gather", "broadcast"]
 
 
-def run(cmd, env=None, log=None):
+def run(cmd, env=None, log=None, log_mode="w"):
+    """Runs cmd, returns its stdout; also writes it to log (log_mode "a" appends)."""
     print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
     out = subprocess.run(cmd, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
     if log:
-        with open(log, "w") as f:
+        with open(log, log_mode) as f:
             f.write(out)
     return out
 

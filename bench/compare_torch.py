@@ -12,18 +12,14 @@ import argparse
 import os
 import re
 import statistics
-import subprocess
-import sys
+
+import compare
 
 
 def run(cmd, log=None):
-    print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
+    """compare.run with one BLAS/OpenMP thread per rank, every repeat appended to the log."""
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True, env=env).stdout
-    if log:
-        with open(log, "a") as f:
-            f.write(out)
-    return out
+    return compare.run(cmd, env=env, log=log, log_mode="a")
 
 
 def chorus_cases(text):
