@@ -69,6 +69,26 @@ void broadcast_tensors(Communicator& comm, int src, const std::vector<at::Tensor
     if (t.nbytes() >= kPackBelow) comm.broadcast(ptr(t), t.nbytes(), DataType::UInt8, src);
 }
 
+// What gather_values moves per rank: the header's length, the header, then the tensors' bytes.
+std::vector<char> to_blob(const Encoded& e) {
+  const uint64_t n = e.header.size();
+  std::vector<char> blob(sizeof(n) + n + e.tensor_bytes());
+  std::memcpy(blob.data(), &n, sizeof(n));
+  std::memcpy(blob.data() + sizeof(n), e.header.data(), n);
+  size_t at = sizeof(n) + n;
+  for (const auto& t : e.tensors) {
+    if (t.nbytes()) std::memcpy(blob.data() + at, t.data_ptr(), t.nbytes());
+    at += t.nbytes();
+  }
+  return blob;
+}
+
+std::string_view blob_header(const char* blob) {
+  uint64_t n;
+  std::memcpy(&n, blob, sizeof(n));
+  return std::string_view(blob + sizeof(n), n);
+}
+
 }  // namespace
 
 c10::IValue broadcast_value(ProcessGroup& g, int src, const std::function<c10::IValue()>& produce, const char* what) {
@@ -115,16 +135,7 @@ std::optional<std::vector<c10::IValue>> gather_values(ProcessGroup& g, int dst,
   if (dst >= w) comm.reject(what, concat("destination ", dst, " is not a rank of this group (size ", w, ")"));
   Produced p = produce_encoded(produce);
   // This rank's blob: header length, header, then its tensors' bytes.
-  const std::string& header = p.encoded.header;
-  std::vector<char> blob(sizeof(uint64_t) + header.size() + p.encoded.tensor_bytes());
-  const uint64_t header_size = header.size();
-  std::memcpy(blob.data(), &header_size, sizeof(header_size));
-  std::memcpy(blob.data() + sizeof(header_size), header.data(), header.size());
-  size_t at = sizeof(header_size) + header.size();
-  for (const auto& t : p.encoded.tensors) {
-    if (t.nbytes()) std::memcpy(blob.data() + at, t.data_ptr(), t.nbytes());
-    at += t.nbytes();
-  }
+  const std::vector<char> blob = to_blob(p.encoded);
   constexpr uint64_t kFailed = uint64_t(1) << 63;
   uint64_t mine = blob.size() | (p.error ? kFailed : 0);
   std::vector<uint64_t> sizes(static_cast<size_t>(w));
@@ -144,10 +155,7 @@ std::optional<std::vector<c10::IValue>> gather_values(ProcessGroup& g, int dst,
     size_t off = 0;
     for (int r = 0; r < w; ++r) {
       if (counts[size_t(r)]) {
-        uint64_t n;
-        std::memcpy(&n, all.data() + off, sizeof(n));
-        std::string_view h(all.data() + off + sizeof(n), n);
-        raise_remote(g, what, r, header_error(h).value_or("(no message)"));
+        raise_remote(g, what, r, header_error(blob_header(all.data() + off)).value_or("(no message)"));
       }
       off += counts[size_t(r)];
     }
@@ -169,11 +177,9 @@ std::optional<std::vector<c10::IValue>> gather_values(ProcessGroup& g, int dst,
       out.push_back(p.value);
       continue;
     }
-    uint64_t n;
-    std::memcpy(&n, b, sizeof(n));
-    std::string_view h(b + sizeof(n), n);
+    const std::string_view h = blob_header(b);
     auto tensors = allocate_tensors(h);
-    const char* bytes = b + sizeof(n) + n;
+    const char* bytes = h.data() + h.size();
     for (auto& t : tensors) {
       if (t.nbytes()) std::memcpy(t.data_ptr(), bytes, t.nbytes());
       bytes += t.nbytes();
