@@ -177,12 +177,7 @@ int spawn(int np, char** argv) {
   for (char** a = argv + 1; *a; ++a) args.emplace_back(*a);
   std::vector<WorkerSpec> specs;
   for (int r = 0; r < np; ++r) {
-    WorkerPlace place;
-    place.rank = place.local_rank = r;
-    place.world_size = place.local_world_size = np;
-    place.store_port = server.port();
-    place.run_id = "chorus-bench";
-    specs.push_back({r, args, launcher_environment(place)});
+    specs.push_back({r, args, launcher_environment(single_node(r, np, server.port(), "chorus-bench"))});
     if (!std::getenv("OMP_NUM_THREADS")) specs.back().env.emplace_back("OMP_NUM_THREADS", "1");
   }
   SupervisorOptions options;

@@ -46,19 +46,20 @@ void say(const std::string& what) { std::fprintf(stderr, "chorusrun: %s\n", what
 
 std::vector<std::pair<std::string, std::string>> worker_env(const Options& o, int nproc, int local, int port,
                                                            int restart, const std::string& run_id) {
-  chorus::WorkerPlace place;
+  chorus::Environment place;
+  place.launcher = chorus::Launcher::Chorusrun;
   place.rank = o.node_rank * nproc + local;
   place.local_rank = local;
   place.world_size = o.nnodes * nproc;
   place.local_world_size = nproc;
   place.node_rank = o.node_rank;
   place.num_nodes = o.nnodes;
-  place.store_addr = o.master_addr;
-  place.store_port = port;
+  place.master_addr = o.master_addr;
+  place.master_port = port;
+  place.store_hosted = true;
   place.restart_count = restart;
-  place.max_restarts = o.max_restarts;
-  place.run_id = run_id;
-  auto env = chorus::launcher_environment(place);
+  place.job_id = run_id;
+  auto env = chorus::launcher_environment(place, o.max_restarts);
   if (nproc > 1 && !std::getenv("OMP_NUM_THREADS")) env.emplace_back("OMP_NUM_THREADS", "1");
   return env;
 }

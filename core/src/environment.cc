@@ -201,4 +201,15 @@ Environment Environment::detect(const EnvMap& env) {
 
 Environment Environment::detect() { return detect(current_environment()); }
 
+Environment single_node(int rank, int world_size, int store_port, std::string job_id) {
+  Environment e;
+  e.launcher = Launcher::Chorusrun;
+  e.rank = e.local_rank = rank;
+  e.world_size = e.local_world_size = world_size;
+  e.master_port = store_port;
+  e.store_hosted = true;
+  e.job_id = std::move(job_id);
+  return e;
+}
+
 }  // namespace chorus

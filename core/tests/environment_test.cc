@@ -2,6 +2,7 @@
 
 #include "chorus/core/environment.h"
 #include "chorus/core/error.h"
+#include "chorus/core/supervisor.h"
 
 namespace chorus {
 namespace {
@@ -47,6 +48,49 @@ TEST(Environment, Chorusrun) {
   EXPECT_EQ(e.launcher, Launcher::Chorusrun);
   EXPECT_TRUE(e.store_hosted);
   EXPECT_EQ(e.master_port, 4000);
+}
+
+// What a chorus launcher gives a worker is what the worker reads back.
+TEST(Environment, LauncherVariablesRoundTrip) {
+  Environment place;
+  place.launcher = Launcher::Chorusrun;
+  place.rank = 5;
+  place.local_rank = 1;
+  place.world_size = 8;
+  place.local_world_size = 4;
+  place.node_rank = 1;
+  place.num_nodes = 2;
+  place.master_addr = "10.0.0.7";
+  place.master_port = 29511;
+  place.store_hosted = true;
+  place.restart_count = 2;
+  place.job_id = "run-7";
+  EnvMap env;
+  for (const auto& [k, v] : launcher_environment(place, 3)) env[k] = v;
+  EXPECT_EQ(env.at("TORCHELASTIC_MAX_RESTARTS"), "3");
+  Environment e = Environment::detect(env);
+  EXPECT_EQ(e.launcher, Launcher::Chorusrun);
+  EXPECT_EQ(e.rank, 5);
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_EQ(e.world_size, 8);
+  EXPECT_EQ(e.local_world_size, 4);
+  EXPECT_EQ(e.node_rank, 1);
+  EXPECT_EQ(e.num_nodes, 2);
+  EXPECT_EQ(e.master_addr, "10.0.0.7");
+  EXPECT_EQ(e.master_port, 29511);
+  EXPECT_TRUE(e.store_hosted);
+  EXPECT_FALSE(e.master_port_taken_by_torchrun);
+  EXPECT_EQ(e.restart_count, 2);
+  EXPECT_EQ(e.job_id, "run-7");
+  Environment one = Environment::detect([] {
+    EnvMap m;
+    for (const auto& [k, v] : launcher_environment(single_node(2, 3, 4000, "j"))) m[k] = v;
+    return m;
+  }());
+  EXPECT_EQ(one.rank, 2);
+  EXPECT_EQ(one.local_world_size, 3);
+  EXPECT_EQ(one.master_port, 4000);
+  EXPECT_TRUE(one.store_hosted);
 }
 
 TEST(Environment, BadValuesAreNamed) {

@@ -68,12 +68,7 @@ Environment spawn_local_ranks(int n) {
   auto& kids = children();
   kids.store = std::make_unique<TcpStoreServer>("127.0.0.1", 0);
   auto env_of = [&, run_id = concat("fabric-", getpid())](int rank) {
-    WorkerPlace place;
-    place.rank = place.local_rank = rank;
-    place.world_size = place.local_world_size = n;
-    place.store_port = kids.store->port();
-    place.run_id = run_id;
-    return launcher_environment(place);
+    return launcher_environment(single_node(rank, n, kids.store->port(), run_id));
   };
   auto args = own_arguments();
   args.at(0) = "/proc/self/exe";  // the same binary, wherever it was started from

@@ -14,12 +14,8 @@ namespace chorus::test {
 void run_world(int world, const std::function<void()>& body) {
   SCOPED_TRACE(detail::concat("world size ", world));
   expect_all_ok(run_ranks(world, [&](RankContext& ctx) {
-    WorkerPlace place;
-    place.rank = place.local_rank = ctx.rank;
-    place.world_size = place.local_world_size = world;
-    place.store_port = ctx.store_port;
-    place.run_id = "torch-test";
-    for (const auto& [k, v] : launcher_environment(place)) setenv(k.c_str(), v.c_str(), 1);
+    for (const auto& [k, v] : launcher_environment(single_node(ctx.rank, world, ctx.store_port, "torch-test")))
+      setenv(k.c_str(), v.c_str(), 1);
     at::set_num_threads(1);
     init_process_group({.timeout = std::chrono::seconds(60)});
     body();

@@ -28,7 +28,7 @@ std::string signal_name(int signal) {
   return concat("signal ", signal);
 }
 
-std::vector<std::pair<std::string, std::string>> launcher_environment(const WorkerPlace& p) {
+std::vector<std::pair<std::string, std::string>> launcher_environment(const Environment& p, int max_restarts) {
   const auto s = [](auto v) { return concat(v); };
   return {
       {"RANK", s(p.rank)},
@@ -41,21 +41,21 @@ std::vector<std::pair<std::string, std::string>> launcher_environment(const Work
       {"ROLE_RANK", s(p.rank)},
       {"ROLE_NAME", "default"},
       {"ROLE_WORLD_SIZE", s(p.world_size)},
-      {"MASTER_ADDR", p.store_addr},
-      {"MASTER_PORT", s(p.store_port)},
+      {"MASTER_ADDR", p.master_addr},
+      {"MASTER_PORT", s(p.master_port)},
       {"TORCHELASTIC_RESTART_COUNT", s(p.restart_count)},
-      {"TORCHELASTIC_MAX_RESTARTS", s(p.max_restarts)},
-      {"TORCHELASTIC_RUN_ID", p.run_id},
+      {"TORCHELASTIC_MAX_RESTARTS", s(max_restarts)},
+      {"TORCHELASTIC_RUN_ID", p.job_id},
       {"CHORUS_LAUNCHER", "chorusrun"},
       {"CHORUS_RANK", s(p.rank)},
       {"CHORUS_LOCAL_RANK", s(p.local_rank)},
       {"CHORUS_WORLD_SIZE", s(p.world_size)},
       {"CHORUS_LOCAL_WORLD_SIZE", s(p.local_world_size)},
       {"CHORUS_NODE_RANK", s(p.node_rank)},
-      {"CHORUS_STORE_ADDR", p.store_addr},
-      {"CHORUS_STORE_PORT", s(p.store_port)},
+      {"CHORUS_STORE_ADDR", p.master_addr},
+      {"CHORUS_STORE_PORT", s(p.master_port)},
       {"CHORUS_RESTART_COUNT", s(p.restart_count)},
-      {"CHORUS_RUN_ID", p.run_id},
+      {"CHORUS_RUN_ID", p.job_id},
   };
 }
 

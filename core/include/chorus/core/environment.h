@@ -48,6 +48,10 @@ struct Environment {
   static Environment detect();
 };
 
+// Rank `rank` of `world_size` processes on this one machine, meeting on a store a launcher
+// hosts at 127.0.0.1:store_port (what chorusrun, Fabric::launch and chorus-bench start).
+Environment single_node(int rank, int world_size, int store_port, std::string job_id);
+
 // SLURM host lists: "node[01-03,07],gpu5" -> node01 node02 node03 node07 gpu5.
 // Throws InvalidArgument on unbalanced brackets or bad ranges.
 std::vector<std::string> expand_slurm_nodelist(std::string_view nodelist);

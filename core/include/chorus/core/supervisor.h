@@ -14,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include "chorus/core/environment.h"
+
 namespace chorus {
 
 struct WorkerSpec {
@@ -22,26 +24,12 @@ struct WorkerSpec {
   std::vector<std::pair<std::string, std::string>> env;  // set on top of this process's environment
 };
 
-// Where a worker stands in a job, as a launcher tells it.
-struct WorkerPlace {
-  int rank = 0;
-  int local_rank = 0;
-  int world_size = 1;
-  int local_world_size = 1;
-  int node_rank = 0;
-  int num_nodes = 1;
-  std::string store_addr = "127.0.0.1";  // where the launcher hosts the rendezvous store
-  int store_port = 0;
-  int restart_count = 0;
-  int max_restarts = 0;
-  std::string run_id;
-};
-
-// The variables a chorus launcher gives a worker: torchrun's (RANK LOCAL_RANK WORLD_SIZE
+// The variables a chorus launcher gives a worker standing at `place` (master_addr/master_port:
+// the store the launcher hosts; job_id: the run id): torchrun's (RANK LOCAL_RANK WORLD_SIZE
 // LOCAL_WORLD_SIZE GROUP_RANK NODE_RANK GROUP_WORLD_SIZE ROLE_* MASTER_ADDR MASTER_PORT
-// TORCHELASTIC_*) and their CHORUS_* equivalents, with CHORUS_LAUNCHER=chorusrun so that
-// Environment::detect() finds the store the launcher hosts.
-std::vector<std::pair<std::string, std::string>> launcher_environment(const WorkerPlace& place);
+// TORCHELASTIC_*) and their CHORUS_* equivalents, with CHORUS_LAUNCHER=chorusrun, so that
+// Environment::detect() in the worker gives `place` back.
+std::vector<std::pair<std::string, std::string>> launcher_environment(const Environment& place, int max_restarts = 0);
 
 struct SupervisorOptions {
   bool capture_output = true;  // forward stdout/stderr line by line (false: workers inherit them)
