@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "call.h"
 
@@ -30,6 +31,9 @@ struct BackendOptions {
   size_t shm_chunk_bytes = 0;
   Clock::time_point deadline;  // for the rendezvous
 };
+
+// Backend names this build accepts: auto, shm, and gloo / mpi when built with their libraries.
+std::vector<std::string> available_backends();
 
 // The shared-memory engine; every rank must be on this host. Collective over `size` ranks.
 std::unique_ptr<Backend> make_shm_backend(Store& store, int rank, int size, const BackendOptions& options);

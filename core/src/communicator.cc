@@ -8,12 +8,21 @@
 #include <set>
 
 #include "backend.h"
+#include "engine/engine.h"
 #include "chorus/core/error.h"
 #include "chorus/core/prefix_store.h"
 #include "chorus/core/rendezvous.h"
 #include "chorus/core/settings.h"
 
 namespace chorus {
+
+std::vector<std::string> available_backends() {
+  std::vector<std::string> v{"auto", "shm"};
+#if CHORUS_HAVE_GLOO
+  v.push_back("gloo");
+#endif
+  return v;
+}
 
 namespace {
 
@@ -107,9 +116,13 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
   store_ = std::make_shared<PrefixStore>(detail::concat("chorus/", options_.name, "/", generation), store);
 
   std::string backend = options_.backend == "auto" ? settings().backend : options_.backend;
-  if (backend != "auto" && backend != "shm")
+  const std::vector<std::string> known = available_backends();
+  if (std::find(known.begin(), known.end(), backend) == known.end()) {
+    std::string list;
+    for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
     throw InvalidArgument(detail::concat("group '", options_.name, "': unknown backend '", backend,
-                                         "' (this build has: auto, shm)"));
+                                         "' (this build has: ", list, ")"));
+  }
   const auto deadline = Clock::now() + options_.timeout;
   if (size_ > 1) {
     const std::string me = host_identity();
@@ -145,7 +158,13 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
       std::string other = store_->get(keys[size_t(r)]);
       if (other != me) elsewhere += detail::concat(elsewhere.empty() ? "" : ", ", r, " (", other.substr(0, other.find(' ')), ")");
     }
-    if (!elsewhere.empty())
+    if (!elsewhere.empty() && backend == "auto") {
+      backend = "gloo";
+      if (rank_ == 0)
+        std::fprintf(stderr, "[chorus] group '%s': %d ranks on more than one host; backend gloo\n",
+                     options_.name.c_str(), size_);
+    }
+    if (!elsewhere.empty() && backend == "shm")
       throw InvalidArgument(detail::concat("group '", options_.name, "': backend '", backend,
                                            "' needs every rank on this host, but ranks ", elsewhere,
                                            " are elsewhere; the cross-host backends are gloo and mpi"));
@@ -154,7 +173,13 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
   bo.group_name = options_.name;
   bo.shm_chunk_bytes = options_.shm_chunk_bytes;
   bo.deadline = deadline;
-  backend_ = make_shm_backend(*store_, rank_, size_, bo);
+  if (backend == "gloo") {
+#if CHORUS_HAVE_GLOO
+    backend_ = make_engine_backend(make_gloo_engine(*store_, rank_, size_, options_.timeout), *store_, rank_, size_, bo);
+#endif
+  } else {
+    backend_ = make_shm_backend(*store_, rank_, size_, bo);
+  }
   if (settings().log_level >= 1 && rank_ == 0)
     std::fprintf(stderr, "[chorus] group '%s': %d ranks on backend %s\n", options_.name.c_str(), size_,
                  backend_->name().c_str());

@@ -13,6 +13,7 @@ namespace chorus::test {
 namespace {
 
 struct SweepConfig {
+  std::string backend;
   int world;
   size_t chunk_bytes;  // 0: default
   std::vector<size_t> counts;
@@ -186,6 +187,7 @@ class Sweep : public ::testing::TestWithParam<SweepConfig> {};
 TEST_P(Sweep, EveryCollectiveDtypeOpAndCount) {
   const SweepConfig config = GetParam();
   CommunicatorOptions options;
+  options.backend = config.backend;
   options.shm_chunk_bytes = config.chunk_bytes;
   options.timeout = std::chrono::seconds(120);
   auto results = run_group(config.world, [&](Communicator& comm) { sweep(comm, config); }, options,
@@ -197,13 +199,19 @@ TEST_P(Sweep, EveryCollectiveDtypeOpAndCount) {
 std::vector<SweepConfig> configs() {
   std::vector<SweepConfig> out;
   for (int w : {1, 2, 3, 4, 7}) {
-    out.push_back({w, 512, {0, 1, 17, 4099}});         // many rounds through a tiny slot
-    out.push_back({w, 0, {0, 1, 4099, (1u << 20) + 3}});  // inline, one-shot, pipelined
+    out.push_back({"shm", w, 512, {0, 1, 17, 4099}});         // many rounds through a tiny slot
+    out.push_back({"shm", w, 0, {0, 1, 4099, (1u << 20) + 3}});  // inline, one-shot, pipelined
   }
+#if CHORUS_HAVE_GLOO
+  // The same suite on Gloo (TCP on loopback), whose ring algorithms split large messages in
+  // segments of 1 MiB.
+  for (int w : {1, 2, 3, 4}) out.push_back({"gloo", w, 0, {0, 1, 17, 4099, (1u << 18) + 3}});
+#endif
   return out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Core, Sweep, ::testing::ValuesIn(configs()), [](const auto& info) {
+  if (info.param.backend != "shm") return detail::concat(info.param.backend, "_W", info.param.world);
   return detail::concat("W", info.param.world, info.param.chunk_bytes ? "_small_chunks" : "_default_chunks");
 });
 

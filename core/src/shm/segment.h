@@ -19,6 +19,7 @@
 #include <string>
 
 #include "call.h"
+#include "call_check.h"
 
 namespace chorus {
 class Store;
@@ -28,18 +29,7 @@ namespace chorus::shm {
 
 constexpr size_t kLine = 64;
 constexpr size_t kInlineBytes = 32;
-constexpr size_t kTextBytes = 256;
 
-// What a rank called, as its peers see it. Plain data, written before the phase that
-// publishes it (release) and read after observing that phase (acquire).
-struct CallDesc {
-  uint64_t count;
-  uint32_t call;     // 1-based index of the call in this communicator (compared for equality)
-  uint32_t ncounts;  // entries of RankControl counts used by this call
-  int32_t root;
-  uint8_t kind, dtype, op, invalid;
-};
-static_assert(sizeof(CallDesc) == 24);
 
 // Note [One line per call]: everything a peer needs to finish a small call sits in one cache
 // line: the descriptor, the inline payload, and the last phase the rank posted during this call.

@@ -9,36 +9,9 @@ namespace chorus::shm {
 
 namespace {
 
-bool has_counts(OpKind kind) {
-  return kind == OpKind::AllGatherV || kind == OpKind::GatherV || kind == OpKind::AllToAllV || kind == OpKind::Split;
-}
-
-// Stores text in a kTextBytes field of shared memory, cut to fit, always terminated.
-void put_text(char* field, const std::string& text) {
-  std::memset(field, 0, kTextBytes);
-  std::memcpy(field, text.data(), std::min(text.size(), kTextBytes - 1));
-}
-
 std::string list_ranks(const std::vector<int>& ranks) {
   std::string s;
   for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
-  return s;
-}
-
-std::string describe_desc(const CallDesc& d, const uint64_t* counts, int world) {
-  std::string s = describe(OpKind(d.kind), DataType(d.dtype), ReduceOp(d.op), d.root, d.count);
-  if (d.ncounts > 0) {
-    s += " counts [";
-    const uint32_t shown = std::min<uint32_t>(d.ncounts, 16);
-    for (uint32_t i = 0; i < shown; ++i) s += (i ? ", " : "") + std::to_string(counts[i]);
-    if (shown < d.ncounts) s += ", ...";
-    s += "]";
-    if (OpKind(d.kind) == OpKind::AllToAllV) {
-      s += " recv [";
-      for (int i = 0; i < std::min(world, 16); ++i) s += (i ? ", " : "") + std::to_string(counts[world + i]);
-      s += "]";
-    }
-  }
   return s;
 }
 
@@ -70,19 +43,11 @@ std::string ShmGroup::call_name() { return detail::concat(current(), " (call #",
 void ShmGroup::start(const Call& call) {
   ++call_;
   RankControl& me = seg_.ctrl(rank_);
-  CallDesc d{};
-  d.call = uint32_t(call_);
-  d.count = call.count;
-  d.root = call.root;
-  d.kind = uint8_t(call.kind);
-  d.dtype = uint8_t(call.dtype);
-  d.op = uint8_t(call.op);
-  d.invalid = call.invalid.empty() ? 0 : 1;
+  const CallDesc d = make_desc(call, call_);
   if (has_counts(call.kind)) {
     uint64_t* counts = seg_.counts(rank_, call_);
     std::copy(call.counts.begin(), call.counts.end(), counts);
     std::copy(call.recv_counts.begin(), call.recv_counts.end(), counts + world_);
-    d.ncounts = uint32_t(call.counts.size());
   }
   if (d.invalid) put_text(me.invalid_text[call_ & 1], call.invalid);
   me.calls[call_ & 1].desc = d;
@@ -121,43 +86,10 @@ void ShmGroup::wait() {
 }
 
 void ShmGroup::validate() {
-  const CallDesc mine = seg_.ctrl(rank_).calls[call_ & 1].desc;
-  bool invalid = false, mismatch = false;
-  for (int p = 0; p < world_; ++p) {
-    const CallDesc d = seg_.ctrl(p).calls[call_ & 1].desc;
-    invalid = invalid || d.invalid;
-    mismatch = mismatch || d.call != mine.call || d.kind != mine.kind || d.dtype != mine.dtype || d.op != mine.op ||
-               d.root != mine.root || d.count != mine.count || d.ncounts != mine.ncounts;
-    if (!mismatch && mine.ncounts > 0 && OpKind(mine.kind) != OpKind::AllToAllV)
-      mismatch = !std::equal(counts_of(p), counts_of(p) + mine.ncounts, counts_of(rank_));
-  }
-  if (invalid) {
-    if (mine.invalid) throw InvalidArgument(seg_.ctrl(rank_).invalid_text[call_ & 1]);
-    std::string texts;
-    for (int p = 0; p < world_; ++p)
-      if (seg_.ctrl(p).calls[call_ & 1].desc.invalid)
-        texts += detail::concat(texts.empty() ? "" : "; ", "rank ", p, ": ", seg_.ctrl(p).invalid_text[call_ & 1]);
-    throw InvalidArgument(detail::concat(current(), " on group '", name_, "': another rank rejected its arguments (",
-                                         texts, ")"));
-  }
-  if (!mismatch && OpKind(mine.kind) == OpKind::AllToAllV) {
-    // What p sends to q must be what q expects from p.
-    for (int p = 0; p < world_ && !mismatch; ++p)
-      for (int q = 0; q < world_ && !mismatch; ++q) mismatch = counts_of(p)[q] != counts_of(q)[world_ + p];
-  }
-  if (!mismatch) return;
-  std::vector<std::string> calls;
-  std::string lines;
-  for (int p = 0; p < world_; ++p) {
-    const CallDesc d = seg_.ctrl(p).calls[call_ & 1].desc;
-    calls.push_back(describe_desc(d, counts_of(p), world_));
-    lines += detail::concat("\n  rank ", p, " (call #", d.call, "): ", calls.back());
-  }
-  throw CollectiveMismatch(detail::concat("ranks of group '", name_, "' made different calls at call #", call_,
-                                          " (every rank must call the same collective with the same dtype, "
-                                          "count, op and root):",
-                                          lines),
-                           calls);
+  std::vector<RankCall> all;
+  for (int p = 0; p < world_; ++p)
+    all.push_back({seg_.ctrl(p).calls[call_ & 1].desc, counts_of(p), seg_.ctrl(p).invalid_text[call_ & 1]});
+  check_calls(all, rank_, call_, name_);
 }
 
 void ShmGroup::check_peers(const std::vector<int>& awaited, const std::string& what, Clock::time_point started,

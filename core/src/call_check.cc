@@ -1,0 +1,99 @@
+#include "call_check.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "chorus/core/error.h"
+
+namespace chorus {
+
+bool has_counts(OpKind kind) {
+  return kind == OpKind::AllGatherV || kind == OpKind::GatherV || kind == OpKind::AllToAllV || kind == OpKind::Split;
+}
+
+CallDesc make_desc(const Call& call, uint64_t index) {
+  CallDesc d{};
+  d.call = uint32_t(index);
+  d.count = call.count;
+  d.root = call.root;
+  d.kind = uint8_t(call.kind);
+  d.dtype = uint8_t(call.dtype);
+  d.op = uint8_t(call.op);
+  d.invalid = call.invalid.empty() ? 0 : 1;
+  if (has_counts(call.kind)) d.ncounts = uint32_t(call.counts.size());
+  return d;
+}
+
+std::vector<uint64_t> travelling_counts(const Call& call) {
+  if (!has_counts(call.kind)) return {};
+  std::vector<uint64_t> v(call.counts.begin(), call.counts.end());
+  v.insert(v.end(), call.recv_counts.begin(), call.recv_counts.end());
+  return v;
+}
+
+void put_text(char* field, const std::string& text) {
+  std::memset(field, 0, kTextBytes);
+  std::memcpy(field, text.data(), std::min(text.size(), kTextBytes - 1));
+}
+
+std::string describe_desc(const CallDesc& d, const uint64_t* counts, int world) {
+  std::string s = describe(OpKind(d.kind), DataType(d.dtype), ReduceOp(d.op), d.root, d.count);
+  if (d.ncounts > 0) {
+    s += " counts [";
+    const uint32_t shown = std::min<uint32_t>(d.ncounts, 16);
+    for (uint32_t i = 0; i < shown; ++i) s += (i ? ", " : "") + std::to_string(counts[i]);
+    if (shown < d.ncounts) s += ", ...";
+    s += "]";
+    if (OpKind(d.kind) == OpKind::AllToAllV) {
+      s += " recv [";
+      for (int i = 0; i < std::min(world, 16); ++i) s += (i ? ", " : "") + std::to_string(counts[world + i]);
+      s += "]";
+    }
+  }
+  return s;
+}
+
+void check_calls(const std::vector<RankCall>& all, int me, uint64_t index, const std::string& group) {
+  const int world = int(all.size());
+  const CallDesc mine = all[size_t(me)].desc;
+  bool invalid = false, mismatch = false;
+  for (const RankCall& r : all) {
+    const CallDesc& d = r.desc;
+    invalid = invalid || d.invalid;
+    mismatch = mismatch || d.call != mine.call || d.kind != mine.kind || d.dtype != mine.dtype || d.op != mine.op ||
+               d.root != mine.root || d.count != mine.count || d.ncounts != mine.ncounts;
+    if (!mismatch && mine.ncounts > 0 && OpKind(mine.kind) != OpKind::AllToAllV)
+      mismatch = !std::equal(r.counts, r.counts + mine.ncounts, all[size_t(me)].counts);
+  }
+  if (invalid) {
+    if (mine.invalid) throw InvalidArgument(all[size_t(me)].invalid_text);
+    std::string texts;
+    for (int p = 0; p < world; ++p)
+      if (all[size_t(p)].desc.invalid)
+        texts += detail::concat(texts.empty() ? "" : "; ", "rank ", p, ": ", all[size_t(p)].invalid_text);
+    throw InvalidArgument(detail::concat(describe(OpKind(mine.kind), DataType(mine.dtype), ReduceOp(mine.op),
+                                                  mine.root, mine.count),
+                                         " on group '", group, "': another rank rejected its arguments (", texts,
+                                         ")"));
+  }
+  if (!mismatch && OpKind(mine.kind) == OpKind::AllToAllV) {
+    // What p sends to q must be what q expects from p.
+    for (int p = 0; p < world && !mismatch; ++p)
+      for (int q = 0; q < world && !mismatch; ++q) mismatch = all[size_t(p)].counts[q] != all[size_t(q)].counts[world + p];
+  }
+  if (!mismatch) return;
+  std::vector<std::string> calls;
+  std::string lines;
+  for (int p = 0; p < world; ++p) {
+    const CallDesc& d = all[size_t(p)].desc;
+    calls.push_back(describe_desc(d, all[size_t(p)].counts, world));
+    lines += detail::concat("\n  rank ", p, " (call #", d.call, "): ", calls.back());
+  }
+  throw CollectiveMismatch(detail::concat("ranks of group '", group, "' made different calls at call #", index,
+                                          " (every rank must call the same collective with the same dtype, "
+                                          "count, op and root):",
+                                          lines),
+                           calls);
+}
+
+}  // namespace chorus

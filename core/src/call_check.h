@@ -1,0 +1,48 @@
+// Note [Call check]: before moving any data, every backend compares the ranks' calls: each rank
+// publishes a CallDesc (plus its counts, and why it rejected its arguments if it did) and checks
+// everyone's with check_calls. Different calls raise CollectiveMismatch on every rank, showing
+// each rank's call; a rank whose arguments were invalid makes every rank raise InvalidArgument.
+// How the descriptors travel is the backend's business (shared memory, or one all_gather).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "call.h"
+
+namespace chorus {
+
+constexpr size_t kTextBytes = 256;  // room for a rejection or abort text
+
+// What a rank called, as its peers see it. Plain data.
+struct CallDesc {
+  uint64_t count;
+  uint32_t call;     // 1-based index of the call in this communicator (compared for equality)
+  uint32_t ncounts;  // entries of the counts that travel with it
+  int32_t root;
+  uint8_t kind, dtype, op, invalid;
+};
+static_assert(sizeof(CallDesc) == 24);
+
+// Whether the call's counts (and AllToAllV's recv counts after them) travel with it.
+bool has_counts(OpKind kind);
+CallDesc make_desc(const Call& call, uint64_t index);
+// The call's counts as they travel: counts, then (AllToAllV) recv_counts; 2 * world at most.
+std::vector<uint64_t> travelling_counts(const Call& call);
+// Copies text into a kTextBytes field, cut to fit, always terminated.
+void put_text(char* field, const std::string& text);
+std::string describe_desc(const CallDesc& d, const uint64_t* counts, int world);
+
+// One rank's call as it arrived.
+struct RankCall {
+  CallDesc desc;
+  const uint64_t* counts;     // 2 * world entries
+  const char* invalid_text;   // kTextBytes, terminated
+};
+
+// Throws InvalidArgument or CollectiveMismatch unless every rank made this rank's call
+// (Note [Call check]). `all` is indexed by rank; `group` names the group in messages.
+void check_calls(const std::vector<RankCall>& all, int me, uint64_t index, const std::string& group);
+
+}  // namespace chorus

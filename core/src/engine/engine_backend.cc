@@ -1,0 +1,436 @@
+// EngineBackend: the chorus contract on top of an Engine.
+//
+// Note [Engine failures]: engines report trouble as an error on the ranks that talked to the
+// culprit, and otherwise wait until their timeout. To tell every rank within seconds, and to
+// name the culprit:
+//   - each rank's watchdog thread bumps a heartbeat key in the group's store every 500 ms and
+//     watches an abort record there; when another rank publishes one, the watchdog interrupts
+//     the engine, and the call in progress raises the error the record describes;
+//   - a rank whose engine call fails looks at the heartbeats: a rank whose heartbeat stopped
+//     for over a second is dead (PeerFailure naming it); if the deadline passed instead, the
+//     ranks that did not reach this call are named (TimeoutError);
+//   - a rank whose communicator aborts publishes the record (first one wins).
+// What an engine cannot do: without interrupt() (MPI), ranks that never talked to the culprit
+// wait until their deadline; and if the rank hosting the store dies, its heartbeat cannot be
+// read, so it is named only by the engine's own message.
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "call_check.h"
+#include "chorus/core/error.h"
+#include "chorus/core/store.h"
+#include "reduce/half.h"
+#include "reduce/reduce_kernels.h"
+
+namespace chorus {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr auto kBeat = 500ms;
+enum class AbortKind : int { Timeout = 1, PeerFailure, Mismatch, Other };
+
+struct AbortRecord {
+  int from = -1;  // the rank that gave up
+  AbortKind kind = AbortKind::Other;
+  int about = -1;  // the rank it names
+  std::string text;
+};
+
+std::string encode(const AbortRecord& r) { return detail::concat(r.from, "|", int(r.kind), "|", r.about, "|", r.text); }
+
+std::optional<AbortRecord> decode(const std::string& s) {
+  AbortRecord r;
+  size_t a = s.find('|'), b = s.find('|', a + 1), c = s.find('|', b + 1);
+  if (a == std::string::npos || b == std::string::npos || c == std::string::npos) return std::nullopt;
+  r.from = std::stoi(s.substr(0, a));
+  r.kind = AbortKind(std::stoi(s.substr(a + 1, b - a - 1)));
+  r.about = std::stoi(s.substr(b + 1, c - b - 1));
+  r.text = s.substr(c + 1);
+  return r;
+}
+
+Millis left_until(Clock::time_point deadline) {
+  return std::max(1ms, std::chrono::ceil<Millis>(deadline - Clock::now()));
+}
+
+bool is_half(DataType dt) { return dt == DataType::Float16 || dt == DataType::BFloat16; }
+
+// 16-bit floats reduce in f32 on this path: widened on the way in, rounded once on the way out.
+std::vector<float> widen(DataType dt, const void* src, size_t n) {
+  std::vector<float> v(n);
+  const auto* s = static_cast<const uint16_t*>(src);
+  for (size_t i = 0; i < n; ++i) v[i] = dt == DataType::Float16 ? reduce::half_to_float(s[i]) : reduce::bf16_to_float(s[i]);
+  return v;
+}
+void narrow(DataType dt, const std::vector<float>& v, void* dst) {
+  auto* d = static_cast<uint16_t*>(dst);
+  for (size_t i = 0; i < v.size(); ++i) d[i] = dt == DataType::Float16 ? reduce::float_to_half(v[i]) : reduce::float_to_bf16(v[i]);
+}
+
+class EngineBackend : public Backend {
+ public:
+  EngineBackend(std::unique_ptr<Engine> engine, Store& store, int rank, int size, const BackendOptions& options)
+      : engine_(std::move(engine)), store_(store), rank_(rank), size_(size), group_(options.group_name) {
+    store_.add(beat_key(rank_), 1);
+    watchdog_ = std::thread([this] { watch(); });
+  }
+  ~EngineBackend() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    watchdog_.join();
+  }
+
+  std::string name() const override { return engine_->name(); }
+
+  void run(const Call& c) override {
+    if (auto record = peer_abort()) from_record(*record, describe(c));
+    try {
+      if (c.kind == OpKind::Send || c.kind == OpKind::Recv) return point_to_point(c);
+      ++calls_;
+      check(c);
+      dispatch(c);
+    } catch (const EngineFailure& e) {
+      diagnose(c, e.what());
+    }
+  }
+
+  void abort(const std::exception_ptr& cause) override {
+    AbortRecord r;
+    r.from = rank_;
+    try {
+      std::rethrow_exception(cause);
+    } catch (const TimeoutError& e) {
+      r = {rank_, AbortKind::Timeout, e.missing_ranks().empty() ? -1 : e.missing_ranks().front(), e.what()};
+    } catch (const PeerFailure& e) {
+      r = {rank_, AbortKind::PeerFailure, e.failed_rank(), e.what()};
+    } catch (const CollectiveMismatch& e) {
+      r = {rank_, AbortKind::Mismatch, -1, e.what()};
+    } catch (const std::exception& e) {
+      r = {rank_, AbortKind::Other, -1, e.what()};
+    }
+    try {
+      store_.compare_set("abort", "", encode(r));
+    } catch (const std::exception&) {
+      // The store is gone with its host; the peers find out from the engine or their deadline.
+    }
+    engine_->interrupt();
+  }
+
+ private:
+  static std::string beat_key(int r) { return detail::concat("beat/", r); }
+
+  // Note [Engine failures]: heartbeat, and interrupt the engine when a peer gave up.
+  void watch() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!cv_.wait_for(lock, kBeat, [&] { return stopping_; })) {
+      lock.unlock();
+      try {
+        store_.add(beat_key(rank_), 1);
+        if (!peer_abort_ && store_.check({"abort"})) {
+          auto record = decode(store_.get("abort"));
+          if (record && record->from != rank_) {
+            {
+              std::lock_guard<std::mutex> g(record_mu_);
+              record_ = *record;
+            }
+            peer_abort_ = true;
+            engine_->interrupt();
+          }
+        }
+      } catch (const std::exception&) {
+        // An unreachable store is reported by the calls that need it; keep beating.
+      }
+      lock.lock();
+    }
+  }
+
+  std::optional<AbortRecord> peer_abort() {
+    if (!peer_abort_) return std::nullopt;
+    std::lock_guard<std::mutex> g(record_mu_);
+    return record_;
+  }
+
+  [[noreturn]] void from_record(const AbortRecord& r, const std::string& what) const {
+    const std::string msg = detail::concat(what, " on group '", group_, "': rank ", r.from, " gave up first: ", r.text);
+    switch (r.kind) {
+      case AbortKind::Timeout: throw TimeoutError(msg, {r.about}, what);
+      case AbortKind::PeerFailure: throw PeerFailure(msg, r.about);
+      case AbortKind::Mismatch: throw CollectiveMismatch(msg, {});
+      default: throw Error(msg);
+    }
+  }
+
+  // The call failed in the engine: a peer gave up, died, or did not arrive in time.
+  [[noreturn]] void diagnose(const Call& c, const std::string& engine_text) {
+    const std::string what = detail::concat(describe(c), " (call #", calls_, ")");
+    try {  // the watchdog may not have seen the record yet
+      if (!peer_abort_ && store_.check({"abort"}))
+        if (auto r = decode(store_.get("abort")); r && r->from != rank_) from_record(*r, what);
+    } catch (const StoreError&) {
+    }
+    if (auto r = peer_abort()) from_record(*r, what);
+    if (Clock::now() >= c.deadline) timed_out(c, what);
+    std::vector<int> dead = stopped_beating();
+    if (auto r = peer_abort()) from_record(*r, what);
+    if (dead.empty())
+      throw PeerFailure(detail::concat(what, " on group '", group_, "' failed in ", engine_->name(), ": ", engine_text),
+                        -1);
+    std::string list;
+    for (int r : dead) list += detail::concat(list.empty() ? "" : ", ", r);
+    throw PeerFailure(detail::concat(what, " on group '", group_, "': rank ", list,
+                                     " stopped responding (its heartbeat stopped; ", engine_->name(), " said: ",
+                                     engine_text, ")"),
+                      dead.front());
+  }
+
+  // Ranks whose heartbeat does not move for a little over two beats.
+  std::vector<int> stopped_beating() {
+    std::vector<int64_t> before(size_t(size_), -1);
+    try {
+      for (int r = 0; r < size_; ++r)
+        if (r != rank_) before[size_t(r)] = store_.add(beat_key(r), 0);
+      std::this_thread::sleep_for(2 * kBeat + 200ms);
+      std::vector<int> dead;
+      for (int r = 0; r < size_; ++r)
+        if (r != rank_ && store_.add(beat_key(r), 0) == before[size_t(r)]) dead.push_back(r);
+      return dead;
+    } catch (const std::exception&) {
+      return {};
+    }
+  }
+
+  // Each rank that timed out says how far it got; the ranks that did not say so are missing.
+  [[noreturn]] void timed_out(const Call& c, const std::string& what) {
+    std::vector<int> missing;
+    try {
+      store_.set(detail::concat("reached/", calls_, "/", rank_), "1");
+      std::vector<std::string> keys;
+      for (int r = 0; r < size_; ++r) keys.push_back(detail::concat("reached/", calls_, "/", r));
+      const auto until = Clock::now() + 2s;
+      while (Clock::now() < until && !store_.check(keys)) std::this_thread::sleep_for(50ms);
+      for (int r = 0; r < size_; ++r)
+        if (!store_.check({keys[size_t(r)]})) missing.push_back(r);
+    } catch (const std::exception&) {
+    }
+    if (auto r = peer_abort()) from_record(*r, what);
+    std::string list;
+    for (int r : missing) list += detail::concat(list.empty() ? "" : ", ", r);
+    const auto waited = std::chrono::duration_cast<Millis>(c.deadline - c.start).count();
+    throw TimeoutError(detail::concat(what, " on group '", group_, "': rank ", rank_, " waited ", waited,
+                                      " ms for ", missing.empty() ? std::string("the others") : "ranks " + list,
+                                      " to take part"),
+                       missing, describe(c));
+  }
+
+  // Note [Call check], over one all_gather of fixed-size records.
+  void check(const Call& c) {
+    const size_t counts_bytes = 2 * size_t(size_) * sizeof(uint64_t);
+    const size_t record = sizeof(CallDesc) + kTextBytes + counts_bytes;
+    std::vector<uint8_t> mine(record, 0), all(record * size_t(size_));
+    const CallDesc d = make_desc(c, calls_);
+    std::memcpy(mine.data(), &d, sizeof d);
+    put_text(reinterpret_cast<char*>(mine.data() + sizeof d), c.invalid);
+    const auto counts = travelling_counts(c);
+    std::memcpy(mine.data() + sizeof d + kTextBytes, counts.data(), counts.size() * sizeof(uint64_t));
+    engine_->all_gather(mine.data(), all.data(), record, left_until(c.deadline));
+    std::vector<RankCall> calls;
+    for (int p = 0; p < size_; ++p) {
+      const uint8_t* r = all.data() + size_t(p) * record;
+      CallDesc pd;
+      std::memcpy(&pd, r, sizeof pd);
+      calls.push_back({pd, reinterpret_cast<const uint64_t*>(r + sizeof pd + kTextBytes),
+                       reinterpret_cast<const char*>(r + sizeof pd)});
+    }
+    check_calls(calls, rank_, calls_, group_);
+  }
+
+  Fold fold_for(DataType dt, ReduceOp op) const {
+    const ReduceOp pairwise = op == ReduceOp::Mean ? ReduceOp::Sum : op;  // divided once at the end
+    return [dt, pairwise](void* out, const void* a, const void* b, size_t n) {
+      const void* srcs[2] = {a, b};
+      reduce::reduce(dt, pairwise, srcs, 2, out, n);
+    };
+  }
+
+  void divide(DataType dt, void* buf, size_t n) const {
+    if (dt == DataType::Float64)
+      for (size_t i = 0; i < n; ++i) static_cast<double*>(buf)[i] /= double(size_);
+    else
+      for (size_t i = 0; i < n; ++i) static_cast<float*>(buf)[i] /= float(size_);
+  }
+
+  // all_reduce (root < 0) or reduce, in the widened type where needed, with mean's division.
+  void reduction(const Call& c, const void* in, void* out, size_t count, int root) {
+    const bool gets = root < 0 || rank_ == root;
+    if (is_half(c.dtype)) {
+      auto wide = widen(c.dtype, in, count);
+      reduction_wide(DataType::Float32, c.op, wide.data(), wide.data(), count, root, c.deadline);
+      if (gets) narrow(c.dtype, wide, out);
+      return;
+    }
+    std::vector<uint8_t> scratch;
+    if (!gets) {  // engines reduce through an output buffer on every rank
+      scratch.resize(count * element_size(c.dtype));
+      out = scratch.data();
+    }
+    reduction_wide(c.dtype, c.op, in, out, count, root, c.deadline);
+  }
+  void reduction_wide(DataType dt, ReduceOp op, const void* in, void* out, size_t count, int root,
+                      Clock::time_point deadline) {
+    const size_t es = element_size(dt);
+    if (root < 0)
+      engine_->all_reduce(in, out, count, es, fold_for(dt, op), left_until(deadline));
+    else
+      engine_->reduce(in, out, count, es, fold_for(dt, op), root, left_until(deadline));
+    if (op == ReduceOp::Mean && (root < 0 || rank_ == root)) divide(dt, out, count);
+  }
+
+  void dispatch(const Call& c) {
+    const size_t es = element_size(c.dtype);
+    const size_t bytes = c.count * es;
+    const Millis left = left_until(c.deadline);
+    const auto* in = static_cast<const uint8_t*>(c.in);
+    auto* out = static_cast<uint8_t*>(c.out);
+    const size_t W = size_t(size_);
+    auto scaled = [&](const std::vector<uint64_t>& v) {
+      std::vector<size_t> b;
+      for (uint64_t n : v) b.push_back(size_t(n) * es);
+      return b;
+    };
+    // In-place forms (Communicator's conventions) go through a copy of the input.
+    std::vector<uint8_t> copy;
+    auto private_input = [&](size_t n) {
+      copy.assign(in, in + n);
+      return copy.data();
+    };
+    switch (c.kind) {
+      case OpKind::Barrier:
+      case OpKind::Split: return engine_->barrier(left);
+      case OpKind::AllReduce:
+        if (c.count) reduction(c, in, out, c.count, -1);
+        return;
+      case OpKind::Reduce:
+        if (c.count) reduction(c, in, out, c.count, c.root);
+        return;
+      case OpKind::Broadcast:
+        if (bytes) engine_->broadcast(out, bytes, c.root, left);
+        return;
+      case OpKind::AllGather:
+        if (!bytes) return;
+        if (in == out + size_t(rank_) * bytes) in = private_input(bytes);
+        return engine_->all_gather(in, out, bytes, left);
+      case OpKind::AllGatherV:
+      case OpKind::Gather:
+      case OpKind::GatherV: {
+        const auto sizes = c.kind == OpKind::Gather ? std::vector<size_t>(W, bytes) : scaled(c.counts);
+        size_t mine = sizes[size_t(rank_)], disp = 0, total = 0;
+        for (int p = 0; p < size_; ++p) (p < rank_ ? disp : total) += sizes[size_t(p)];
+        total += disp;
+        if (total == 0) return;
+        if (out && in == out + disp && mine) in = private_input(mine);
+        if (c.kind == OpKind::AllGatherV) return engine_->all_gather_v(in, out, sizes, left);
+        return engine_->gather_v(in, out, sizes, c.root, left);
+      }
+      case OpKind::Scatter:
+        if (!bytes) return;
+        if (rank_ == c.root && out == in + size_t(rank_) * bytes) {
+          std::vector<uint8_t> mine(out, out + bytes);
+          engine_->scatter(in, mine.data(), bytes, c.root, left);
+          std::memcpy(out, mine.data(), bytes);
+          return;
+        }
+        return engine_->scatter(in, out, bytes, c.root, left);
+      case OpKind::ReduceScatter: {
+        // Gloo has no reduce-scatter: reduce everything, keep this rank's block.
+        if (!c.count) return;
+        std::vector<uint8_t> all(W * bytes);
+        reduction(c, in, all.data(), W * c.count, -1);
+        std::memcpy(out, all.data() + size_t(rank_) * bytes, bytes);
+        return;
+      }
+      case OpKind::AllToAll:
+      case OpKind::AllToAllV: {
+        const auto sends = c.kind == OpKind::AllToAll ? std::vector<size_t>(W, bytes) : scaled(c.counts);
+        const auto recvs = c.kind == OpKind::AllToAll ? std::vector<size_t>(W, bytes) : scaled(c.recv_counts);
+        size_t total_in = 0, total_out = 0;
+        for (size_t p = 0; p < W; ++p) total_in += sends[p], total_out += recvs[p];
+        if (total_in == 0 && total_out == 0) return;
+        if (in == out) in = private_input(total_in);
+        return engine_->all_to_all_v(in, sends, out, recvs, left);
+      }
+      case OpKind::Send:
+      case OpKind::Recv: break;
+    }
+  }
+
+  // A message is a header (what the sender called) and then the data; the receiver answers with
+  // one byte that says whether its call matched, so that a mismatch raises on both ends.
+  struct P2PHeader {
+    uint64_t count;
+    int32_t tag;
+    uint8_t dtype, reserved[3];
+  };
+
+  void point_to_point(const Call& c) {
+    if (!c.invalid.empty()) throw InvalidArgument(c.invalid);
+    const size_t bytes = c.count * element_size(c.dtype);
+    P2PHeader mine{c.count, c.tag, uint8_t(c.dtype), {}};
+    uint8_t verdict = 1;
+    if (c.kind == OpKind::Send) {
+      engine_->send(&mine, sizeof mine, c.root, false, left_until(c.deadline));
+      engine_->recv(&verdict, 1, c.root, true, left_until(c.deadline));
+      if (!verdict)
+        throw CollectiveMismatch(detail::concat("send(", to_string(c.dtype), " x ", c.count, ", tag ", c.tag,
+                                                ") to rank ", c.root, " on group '", group_,
+                                                "': the receiver expected a different message"),
+                                 {});
+      if (bytes) engine_->send(c.in, bytes, c.root, false, left_until(c.deadline));
+      return;
+    }
+    P2PHeader theirs{};
+    engine_->recv(&theirs, sizeof theirs, c.root, false, left_until(c.deadline));
+    verdict = theirs.count == mine.count && theirs.tag == mine.tag && theirs.dtype == mine.dtype;
+    engine_->send(&verdict, 1, c.root, true, left_until(c.deadline));
+    if (!verdict)
+      throw CollectiveMismatch(
+          detail::concat("recv(", to_string(c.dtype), " x ", c.count, ", tag ", c.tag, ") from rank ", c.root,
+                         " on group '", group_, "': the message is ", to_string(DataType(theirs.dtype)), " x ",
+                         theirs.count, ", tag ", theirs.tag),
+          {});
+    if (bytes) engine_->recv(c.out, bytes, c.root, false, left_until(c.deadline));
+  }
+
+  std::unique_ptr<Engine> engine_;
+  Store& store_;
+  const int rank_, size_;
+  const std::string group_;
+  uint64_t calls_ = 0;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  std::thread watchdog_;
+  std::atomic<bool> peer_abort_{false};
+  std::mutex record_mu_;
+  AbortRecord record_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_engine_backend(std::unique_ptr<Engine> engine, Store& store, int rank, int size,
+                                             const BackendOptions& options) {
+  return std::make_unique<EngineBackend>(std::move(engine), store, rank, size, options);
+}
+
+}  // namespace chorus
