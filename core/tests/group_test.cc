@@ -10,7 +10,11 @@ namespace {
 
 using namespace std::chrono_literals;
 
-TEST(Groups, OverlappingSubgroupsLiveTogether) {
+class Groups : public BackendTest {};
+class Async : public BackendTest {};
+class PointToPoint : public BackendTest {};
+
+TEST_P(Groups, OverlappingSubgroupsLiveTogether) {
   expect_all_ok(run_group(4, [](Communicator& world) {
     auto a = world.split({0, 1});
     auto b = world.split({1, 2});
@@ -37,13 +41,13 @@ TEST(Groups, OverlappingSubgroupsLiveTogether) {
     }
     auto msg = RANK_EXPECT_THROW(InvalidArgument, world.split({0, 0}));
     RANK_CHECK(msg.find("listed twice") != std::string::npos || me != 0, msg);
-  }));
+  }, options()));
 }
 
-TEST(Groups, ManyCreatedAndDestroyedInTurn) {
-  expect_all_ok(run_ranks(3, [](RankContext& ctx) {
+TEST_P(Groups, ManyCreatedAndDestroyedInTurn) {
+  expect_all_ok(run_ranks(3, [&](RankContext& ctx) {
     for (int i = 0; i < 20; ++i) {
-      auto comm = Communicator::create(ctx.store, ctx.rank, ctx.world);
+      auto comm = Communicator::create(ctx.store, ctx.rank, ctx.world, options());
       int32_t x = i;
       comm->all_reduce(&x, &x, 1, DataType::Int32, ReduceOp::Sum);
       RANK_CHECK(x == 3 * i);
@@ -51,7 +55,7 @@ TEST(Groups, ManyCreatedAndDestroyedInTurn) {
   }));
 }
 
-TEST(Groups, RanksWithDifferentSlotSettingsUseRankZeros) {
+TEST(ShmGroups, RanksWithDifferentSlotSettingsUseRankZeros) {
   expect_all_ok(run_ranks(3, [](RankContext& ctx) {
     CommunicatorOptions options;
     options.shm_chunk_bytes = ctx.rank == 0 ? 4096 : 1 << 20;
@@ -62,11 +66,9 @@ TEST(Groups, RanksWithDifferentSlotSettingsUseRankZeros) {
   }));
 }
 
-TEST(Async, WorkCompletesInOrderAndReportsErrors) {
-  CommunicatorOptions options;
-  options.timeout = 1500ms;
+TEST_P(Async, WorkCompletesInOrderAndReportsErrors) {
   expect_all_ok(run_ranks(2, [&](RankContext& ctx) {
-    auto owned = Communicator::create(ctx.store, ctx.rank, ctx.world, options);
+    auto owned = Communicator::create(ctx.store, ctx.rank, ctx.world, options(1500ms));
     Communicator& comm = *owned;
     std::vector<float> a(100000, float(comm.rank() + 1)), b(1000, 0.0f);
     if (comm.rank() == 0) std::fill(b.begin(), b.end(), 7.0f);
@@ -93,7 +95,7 @@ TEST(Async, WorkCompletesInOrderAndReportsErrors) {
   }));
 }
 
-TEST(PointToPoint, RingOfEverySize) {
+TEST_P(PointToPoint, RingOfEverySize) {
   expect_all_ok(run_group(3, [](Communicator& comm) {
     const int me = comm.rank(), n = comm.size();
     for (size_t count : {size_t(0), size_t(1), size_t(1000), size_t(3000000)}) {
@@ -107,8 +109,12 @@ TEST(PointToPoint, RingOfEverySize) {
       for (size_t i = 0; i < count; ++i) RANK_CHECK(in[i] == int32_t(i * 7 + size_t(prev)), "at ", i);
       comm.barrier();
     }
-  }));
+  }, options()));
 }
+
+INSTANTIATE_TEST_SUITE_P(Backends, Groups, ::testing::ValuesIn(test_backends()));
+INSTANTIATE_TEST_SUITE_P(Backends, Async, ::testing::ValuesIn(test_backends()));
+INSTANTIATE_TEST_SUITE_P(Backends, PointToPoint, ::testing::ValuesIn(test_backends()));
 
 }  // namespace
 }  // namespace chorus::test

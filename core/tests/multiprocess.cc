@@ -12,6 +12,14 @@
 
 namespace chorus::test {
 
+std::vector<std::string> test_backends() {
+#if CHORUS_HAVE_GLOO
+  return {"shm", "gloo"};
+#else
+  return {"shm"};
+#endif
+}
+
 std::vector<RankResult> run_ranks(int world, const std::function<void(RankContext&)>& body,
                                   std::chrono::seconds limit) {
   TcpStoreServer server("127.0.0.1", 0);

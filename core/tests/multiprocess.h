@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "chorus/core/communicator.h"
 #include "chorus/core/error.h"
 
@@ -36,6 +38,20 @@ std::vector<RankResult> run_ranks(int world, const std::function<void(RankContex
 std::vector<RankResult> run_group(int world, const std::function<void(Communicator&)>& body,
                                   CommunicatorOptions options = {},
                                   std::chrono::seconds limit = std::chrono::seconds(300));
+
+// The backends the suites run on: shm, and gloo when chorus was built with it.
+std::vector<std::string> test_backends();
+
+// A test run once per backend (INSTANTIATE_TEST_SUITE_P(..., ::testing::ValuesIn(test_backends()))).
+class BackendTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  CommunicatorOptions options(std::chrono::milliseconds timeout = std::chrono::minutes(5)) const {
+    CommunicatorOptions o;
+    o.backend = GetParam();
+    o.timeout = timeout;
+    return o;
+  }
+};
 
 // A gtest failure for each rank that did not exit 0.
 void expect_all_ok(const std::vector<RankResult>& results);

@@ -7,7 +7,7 @@
 //     watches an abort record there; when another rank publishes one, the watchdog interrupts
 //     the engine, and the call in progress raises the error the record describes;
 //   - a rank whose engine call fails looks at the heartbeats: a rank whose heartbeat stopped
-//     for over a second is dead (PeerFailure naming it); if the deadline passed instead, the
+//     for 2.5 seconds is dead (PeerFailure naming it); if the deadline passed instead, the
 //     ranks that did not reach this call are named (TimeoutError);
 //   - a rank whose communicator aborts publishes the record (first one wins).
 // What an engine cannot do: without interrupt() (MPI), ranks that never talked to the culprit
@@ -89,6 +89,10 @@ class EngineBackend : public Backend {
     }
     cv_.notify_all();
     watchdog_.join();
+    try {  // so that a peer waiting for this rank learns why it stopped answering
+      store_.set(detail::concat("left/", rank_), "1");
+    } catch (const std::exception&) {
+    }
   }
 
   std::string name() const override { return engine_->name(); }
@@ -181,6 +185,15 @@ class EngineBackend : public Backend {
     }
     if (auto r = peer_abort()) from_record(*r, what);
     if (Clock::now() >= c.deadline) timed_out(c, what);
+    for (int r = 0; r < size_; ++r) {
+      try {
+        if (r != rank_ && store_.check({detail::concat("left/", r)}))
+          throw PeerFailure(detail::concat("rank ", r, " left group '", group_,
+                                           "' (its communicator was destroyed) while rank ", rank_, " was in ", what),
+                            r);
+      } catch (const StoreError&) {
+      }
+    }
     std::vector<int> dead = stopped_beating();
     if (auto r = peer_abort()) from_record(*r, what);
     if (dead.empty())
@@ -188,19 +201,20 @@ class EngineBackend : public Backend {
                         -1);
     std::string list;
     for (int r : dead) list += detail::concat(list.empty() ? "" : ", ", r);
-    throw PeerFailure(detail::concat(what, " on group '", group_, "': rank ", list,
-                                     " stopped responding (its heartbeat stopped; ", engine_->name(), " said: ",
-                                     engine_text, ")"),
+    throw PeerFailure(detail::concat(what, " on group '", group_, "': ", dead.size() == 1 ? "rank " : "ranks ", list,
+                                     " stopped responding (no heartbeat for ", 5 * kBeat.count(), " ms; ",
+                                     engine_->name(), " said: ", engine_text, ")"),
                       dead.front());
   }
 
-  // Ranks whose heartbeat does not move for a little over two beats.
+  // Ranks whose heartbeat does not move for five beats (a live rank on a loaded machine may miss
+  // one or two).
   std::vector<int> stopped_beating() {
     std::vector<int64_t> before(size_t(size_), -1);
     try {
       for (int r = 0; r < size_; ++r)
         if (r != rank_) before[size_t(r)] = store_.add(beat_key(r), 0);
-      std::this_thread::sleep_for(2 * kBeat + 200ms);
+      std::this_thread::sleep_for(5 * kBeat);
       std::vector<int> dead;
       for (int r = 0; r < size_; ++r)
         if (r != rank_ && store_.add(beat_key(r), 0) == before[size_t(r)]) dead.push_back(r);
@@ -213,7 +227,8 @@ class EngineBackend : public Backend {
   // Each rank that timed out says how far it got; the ranks that did not say so are missing.
   [[noreturn]] void timed_out(const Call& c, const std::string& what) {
     std::vector<int> missing;
-    try {
+    if (c.kind == OpKind::Send || c.kind == OpKind::Recv) missing.push_back(c.root);
+    else try {
       store_.set(detail::concat("reached/", calls_, "/", rank_), "1");
       std::vector<std::string> keys;
       for (int r = 0; r < size_; ++r) keys.push_back(detail::concat("reached/", calls_, "/", r));
@@ -228,7 +243,7 @@ class EngineBackend : public Backend {
     for (int r : missing) list += detail::concat(list.empty() ? "" : ", ", r);
     const auto waited = std::chrono::duration_cast<Millis>(c.deadline - c.start).count();
     throw TimeoutError(detail::concat(what, " on group '", group_, "': rank ", rank_, " waited ", waited,
-                                      " ms for ", missing.empty() ? std::string("the others") : "ranks " + list,
+                                      " ms for ", missing.empty() ? std::string("the others") : (missing.size() == 1 ? "rank " : "ranks ") + list,
                                       " to take part"),
                        missing, describe(c));
   }
