@@ -42,6 +42,9 @@ struct Call {
   // Non-empty when this rank's arguments were rejected: the backend still meets the others in
   // the call's first step so that every rank raises InvalidArgument, then throws this text.
   std::string invalid;
+  // Only compare the call with the other ranks' (Note [Call check]) and move no data: a layer
+  // that runs the call some other way (Note [Hierarchy]) checks it on the whole group first.
+  bool check_only = false;
 };
 
 // "all_reduce(f32 x 1000, sum)" — how calls appear in error messages.

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <optional>
 #include <set>
@@ -105,7 +106,105 @@ std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store,
     throw InvalidArgument(detail::concat("Communicator::create: rank ", rank, " is not in [0, ", size, ")"));
   if (settings().timeout) options.timeout = *settings().timeout;
   if (options.shm_chunk_bytes == 0) options.shm_chunk_bytes = settings().shm_chunk_bytes;
-  return std::shared_ptr<Communicator>(new Communicator(std::move(store), rank, size, std::move(options)));
+  const bool automatic = options.backend == "auto" && settings().backend == "auto";
+  auto comm = std::shared_ptr<Communicator>(new Communicator(std::move(store), rank, size, std::move(options)));
+  if (automatic && comm->host_count() > 1) comm->build_hierarchy();
+  return comm;
+}
+
+// Note [Hierarchy]: across hosts, "auto" runs all_reduce in three steps: a reduce-scatter inside
+// each host (shm), an all-reduce of each slice between the ranks that hold the same slice on
+// every host (gloo), and an all-gather inside each host (shm). Only 1/L of the data (L ranks per
+// host) crosses the network per rank, and the shared-memory steps run at memory speed. It needs
+// the same number of ranks on every host; otherwise, and for every other collective, the group
+// runs flat on gloo. The whole group checks each call first (Call::check_only), so a bad or
+// mismatched call raises on every rank as it does on one host.
+void Communicator::build_hierarchy() {
+  std::vector<std::string> distinct;
+  std::vector<int> node_of, local_of;
+  std::vector<std::vector<int>> members;
+  for (int r = 0; r < size_; ++r) {
+    auto it = std::find(distinct.begin(), distinct.end(), hosts_[size_t(r)]);
+    if (it == distinct.end()) {
+      distinct.push_back(hosts_[size_t(r)]);
+      members.emplace_back();
+      it = distinct.end() - 1;
+    }
+    node_of.push_back(int(it - distinct.begin()));
+    local_of.push_back(int(members[size_t(node_of.back())].size()));
+    members[size_t(node_of.back())].push_back(r);
+  }
+  const size_t per_host = members.front().size();
+  const bool even = std::all_of(members.begin(), members.end(), [&](const auto& m) { return m.size() == per_host; });
+  if (!even || per_host == 1) {
+    if (rank_ == 0)
+      std::fprintf(stderr, "[chorus] group '%s': %d ranks on %zu hosts: gloo (flat: %s)\n", options_.name.c_str(),
+                   size_, distinct.size(), even ? "one rank per host" : "hosts have different numbers of ranks");
+    return;
+  }
+  for (const auto& m : members)
+    if (auto made = split_as(m, "shm", {})) node_ = made, node_ranks_ = m;
+  for (size_t i = 0; i < per_host; ++i) {
+    std::vector<int> same_slice;
+    for (const auto& m : members) same_slice.push_back(m[i]);
+    if (auto made = split_as(same_slice, "gloo", {})) cross_ = made, cross_ranks_ = same_slice;
+  }
+  if (rank_ == 0)
+    std::fprintf(stderr, "[chorus] group '%s': %d ranks on %zu hosts: %s; other collectives on gloo\n",
+                 options_.name.c_str(), size_, distinct.size(), backend_name().c_str());
+}
+
+int Communicator::host_count() const {
+  std::set<std::string> distinct(hosts_.begin(), hosts_.end());
+  return std::max<int>(1, int(distinct.size()));
+}
+
+bool Communicator::hierarchical(const Call& c) const {
+  // Small messages are latency-bound: one flat call beats three.
+  return node_ && cross_ && c.count * element_size(c.dtype) >= (64u << 10);
+}
+
+void Communicator::hierarchical_all_reduce(Call& c, Timeout timeout) {
+  Call check = c;
+  check.check_only = true;
+  execute(check, timeout);
+  const auto deadline = Clock::now() + timeout.value_or(options_.timeout);
+  auto left = [&] { return std::max(std::chrono::milliseconds(1), std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now())); };
+  const size_t es = element_size(c.dtype), L = size_t(node_->size());
+  const size_t part = (c.count + L - 1) / L;
+  std::vector<uint8_t> all(part * L * es, 0), slice(part * es);
+  std::memcpy(all.data(), c.in, c.count * es);
+  // A failure in a step names ranks of its subgroup: say which ranks of this group they are.
+  auto step = [&](Communicator& sub, const std::vector<int>& members, auto&& fn) {
+    const std::string where = detail::concat(describe(c), " on group '", options_.name, "', in its subgroup '",
+                                             sub.name(), "': ");
+    try {
+      fn();
+    } catch (const InvalidArgument&) {
+      throw;
+    } catch (const PeerFailure& e) {
+      const int r = e.failed_rank() >= 0 ? members[size_t(e.failed_rank())] : -1;
+      fail(std::make_exception_ptr(PeerFailure(detail::concat(where, "rank ", r, " failed (", e.what(), ")"), r)));
+    } catch (const TimeoutError& e) {
+      std::vector<int> missing;
+      std::string list;
+      for (int m : e.missing_ranks()) {
+        missing.push_back(members[size_t(m)]);
+        list += detail::concat(list.empty() ? "" : ", ", missing.back());
+      }
+      fail(std::make_exception_ptr(
+          TimeoutError(detail::concat(where, "rank ", list, " did not take part (", e.what(), ")"), missing,
+                       e.operation())));
+    } catch (const Error&) {
+      fail(std::current_exception());
+    }
+    std::lock_guard<std::mutex> lock(state_mu_);
+    if (failed_) std::rethrow_exception(failed_);
+  };
+  step(*node_, node_ranks_, [&] { node_->reduce_scatter(all.data(), slice.data(), part, c.dtype, c.op, left()); });
+  step(*cross_, cross_ranks_, [&] { cross_->all_reduce(slice.data(), slice.data(), part, c.dtype, c.op, left()); });
+  step(*node_, node_ranks_, [&] { node_->all_gather(slice.data(), all.data(), part, c.dtype, left()); });
+  std::memcpy(c.out, all.data(), c.count * es);
 }
 
 Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, CommunicatorOptions options)
@@ -156,14 +255,10 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
     std::string elsewhere;
     for (int r = 0; r < size_; ++r) {
       std::string other = store_->get(keys[size_t(r)]);
+      hosts_.push_back(other);
       if (other != me) elsewhere += detail::concat(elsewhere.empty() ? "" : ", ", r, " (", other.substr(0, other.find(' ')), ")");
     }
-    if (!elsewhere.empty() && backend == "auto") {
-      backend = "gloo";
-      if (rank_ == 0)
-        std::fprintf(stderr, "[chorus] group '%s': %d ranks on more than one host; backend gloo\n",
-                     options_.name.c_str(), size_);
-    }
+    if (!elsewhere.empty() && backend == "auto") backend = "gloo";  // and shm inside hosts: create()
     if (!elsewhere.empty() && backend == "shm")
       throw InvalidArgument(detail::concat("group '", options_.name, "': backend '", backend,
                                            "' needs every rank on this host, but ranks ", elsewhere,
@@ -195,7 +290,12 @@ Communicator::~Communicator() {
   for (auto& [t, work] : p2p_threads_) t.join();
 }
 
-std::string Communicator::backend_name() const { return backend_->name(); }
+std::string Communicator::backend_name() const {
+  if (node_ && cross_)
+    return detail::concat("hierarchical (", node_->backend_name(), " in each host, ", cross_->backend_name(),
+                          " between hosts)");
+  return backend_->name();
+}
 
 void Communicator::run(Call& call, Timeout timeout) {
   if (call.kind == OpKind::Send || call.kind == OpKind::Recv)
@@ -217,14 +317,17 @@ void Communicator::execute(Call& call, Timeout timeout) {
   } catch (const InvalidArgument&) {
     throw;
   } catch (const Error&) {
-    std::lock_guard<std::mutex> lock(state_mu_);
-    if (!failed_) {
-      failed_ = std::current_exception();
-      backend_->abort(failed_);
-      aborted_.store(true, std::memory_order_release);
-    }
+    fail(std::current_exception());
     throw;
   }
+}
+
+void Communicator::fail(const std::exception_ptr& error) {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  if (failed_) return;
+  failed_ = error;
+  backend_->abort(failed_);
+  aborted_.store(true, std::memory_order_release);
 }
 
 void Communicator::all_reduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op, Timeout timeout) {
@@ -238,6 +341,11 @@ void Communicator::all_reduce(const void* in, void* out, size_t count, DataType 
   k.buffer(in, count, "input");
   k.buffer(out, count, "output");
   k.aliasing(in, count, out, count, 0);
+  if (hierarchical(c)) {
+    drain();
+    std::lock_guard<std::mutex> lock(call_mu_);
+    return hierarchical_all_reduce(c, timeout);
+  }
   run(c, timeout);
 }
 
@@ -427,6 +535,11 @@ void Communicator::reject(const std::string& operation, const std::string& why, 
 }
 
 std::shared_ptr<Communicator> Communicator::split(const std::vector<int>& ranks, Timeout timeout) {
+  return split_as(ranks, options_.backend, timeout);
+}
+
+std::shared_ptr<Communicator> Communicator::split_as(const std::vector<int>& ranks, const std::string& backend,
+                                                     Timeout timeout) {
   Call c = make(OpKind::Split, DataType::UInt8, ranks.size());
   Checker k(c, *this);
   std::set<int> seen;
@@ -446,6 +559,7 @@ std::shared_ptr<Communicator> Communicator::split(const std::vector<int>& ranks,
   if (it != ranks.end()) {
     CommunicatorOptions child = options_;
     child.name = detail::concat(options_.name, "/", generation);
+    child.backend = backend;
     made = create(store_, int(it - ranks.begin()), int(ranks.size()), child);
   }
   barrier(timeout);  // the members are done with the store

@@ -103,7 +103,7 @@ class EngineBackend : public Backend {
       if (c.kind == OpKind::Send || c.kind == OpKind::Recv) return point_to_point(c);
       ++calls_;
       check(c);
-      dispatch(c);
+      if (!c.check_only) dispatch(c);
     } catch (const EngineFailure& e) {
       diagnose(c, e.what());
     }

@@ -46,7 +46,9 @@ struct Call;
 enum class OpKind : uint8_t;
 
 struct CommunicatorOptions {
-  std::string backend = "auto";  // "auto" (CHORUS_BACKEND, else the first that can serve) or "shm"
+  // "auto" (CHORUS_BACKEND, else: shm when every rank is on this host; across hosts, shm inside
+  // each host and gloo between them, Note [Hierarchy]), "shm", or "gloo".
+  std::string backend = "auto";
   std::chrono::milliseconds timeout = std::chrono::minutes(30);  // default deadline of each call
   std::string name = "world";    // appears in every message about this group
   size_t shm_chunk_bytes = 0;    // 0: CHORUS_SHM_CHUNK_BYTES or its default
@@ -68,7 +70,9 @@ class Communicator {
   int rank() const { return rank_; }
   int size() const { return size_; }
   const std::string& name() const { return options_.name; }
+  // "shm", "gloo", or "hierarchical (shm in each host, gloo between hosts)".
   std::string backend_name() const;
+  int host_count() const;  // distinct hosts among the ranks
   std::chrono::milliseconds timeout() const { return options_.timeout; }
 
   // out[i] = in_0[i] op in_1[i] op ... (rank order). count elements each.
@@ -152,6 +156,12 @@ class Communicator {
   Call make_send(const void* buf, size_t count, DataType dtype, int dst, int tag) const;
   Call make_recv(void* buf, size_t count, DataType dtype, int src, int tag) const;
   void drain();  // waits until no async call is queued or running
+  // Marks the communicator failed after an error that leaves the group unusable.
+  void fail(const std::exception_ptr& error);
+  std::shared_ptr<Communicator> split_as(const std::vector<int>& ranks, const std::string& backend, Timeout timeout);
+  void build_hierarchy();
+  bool hierarchical(const Call& c) const;
+  void hierarchical_all_reduce(Call& c, Timeout timeout);
   void executor_loop();
 
   std::shared_ptr<Store> store_;
@@ -163,6 +173,9 @@ class Communicator {
   std::exception_ptr failed_;  // set once aborted
   std::atomic<bool> aborted_{false};  // failed_ is set: the fast path reads only this
   int splits_ = 0;
+  std::vector<std::string> hosts_;  // each rank's host identity
+  std::shared_ptr<Communicator> node_, cross_;  // Note [Hierarchy]: set when in use
+  std::vector<int> node_ranks_, cross_ranks_;   // their members, as ranks of this group
 
   std::mutex p2p_mu_;
   std::condition_variable p2p_cv_;

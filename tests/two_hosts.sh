@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Two "hosts" on one machine: network namespaces joined by a veth pair, each with its own
+# hostname (a UTS namespace), so chorus sees two machines. chorusrun runs 2 processes on each
+# (world 4, backend auto):
+#   1. the collective sweep, which must take the hierarchical path and be correct on every rank;
+#   2. all_reduce in a loop, then node B's processes are killed: node A must name a rank of
+#      node B and stop within seconds.
+# Usage: tests/two_hosts.sh CHORUSRUN HOSTS_PROBE
+# Exits 77 (skipped) where network namespaces cannot be made (no root, no iproute2).
+set -uo pipefail
+run=$1 probe=$2
+A=chorus$$a B=chorus$$b
+out=$(mktemp -d)
+cleanup() {
+  for ns in $A $B; do
+    ip netns pids $ns 2>/dev/null | xargs -r kill -9 2>/dev/null
+    ip netns del $ns 2>/dev/null
+  done
+  rm -rf "$out"
+}
+trap cleanup EXIT
+if ! command -v ip >/dev/null || ! command -v unshare >/dev/null || ! ip netns add $A 2>/dev/null; then
+  echo "SKIPPED: cannot create network namespaces here (needs root, iproute2 and util-linux)"
+  exit 77
+fi
+set -e
+ip netns add $B
+ip link add ${A}v type veth peer name ${B}v
+ip link set ${A}v netns $A
+ip link set ${B}v netns $B
+ip -n $A addr add 10.213.0.1/24 dev ${A}v
+ip -n $B addr add 10.213.0.2/24 dev ${B}v
+for ns in $A $B; do
+  ip -n $ns link set lo up
+  ip -n $ns link set ${ns}v up
+done
+set +e
+
+port=$((20000 + $$ % 10000))
+# on NAMESPACE HOSTNAME NODE_RANK ARGS...: chorusrun for that node, in the background.
+on() {
+  local ns=$1 name=$2 node=$3
+  shift 3
+  ip netns exec "$ns" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$name" \
+    "$run" --nnodes 2 --node-rank "$node" --master-addr 10.213.0.1 --master-port "$port" --nproc-per-node 2 \
+    "$probe" "$@" >"$out/$name.log" 2>&1 &
+}
+fail() {
+  echo "FAILED: $*"
+  for f in "$out"/*.log; do echo "--- $f"; cat "$f"; done
+  exit 1
+}
+
+echo "== every collective, world 4 on 2 hosts"
+on $A node-a 0
+pa=$!
+on $B node-b 1
+pb=$!
+wait $pa || fail "node A exited with $?"
+wait $pb || fail "node B exited with $?"
+cat "$out"/node-*.log
+[[ $(cat "$out"/node-*.log | grep -c "backend hierarchical") == 4 ]] || fail "not every rank took the hierarchical path"
+[[ $(cat "$out"/node-*.log | grep -c "every collective correct") == 4 ]] || fail "not every rank checked out"
+
+echo "== node B dies"
+port=$((port + 1))
+on $A node-a 0 --hang
+pa=$!
+on $B node-b 1 --hang
+for _ in $(seq 100); do
+  [[ $(cat "$out"/node-*.log | grep -c "backend") == 4 ]] && break
+  sleep 0.1
+done
+sleep 1
+ip netns pids $B | xargs -r kill -9
+killed=$(date +%s%N)
+wait $pa
+code=$?
+took_ms=$((($(date +%s%N) - killed) / 1000000))
+cat "$out"/node-a.log
+((code != 0)) || fail "node A exited 0 after node B died"
+grep -Eq "rank (2|3)[ ,].*(stopped responding|left)|rank (2|3) (stopped|left)" "$out/node-a.log" ||
+  fail "node A did not name a rank of node B"
+echo "node A stopped $took_ms ms after node B was killed"
+((took_ms < 15000)) || fail "took $took_ms ms"
+echo "PASSED"
