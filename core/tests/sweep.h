@@ -3,6 +3,7 @@
 #pragma once
 
 #include <numeric>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,9 @@ struct SweepConfig {
   size_t chunk_bytes;  // 0: default
   std::vector<size_t> counts;
 };
+inline void PrintTo(const SweepConfig& c, std::ostream* os) {
+  *os << c.backend << " W" << c.world << " chunk " << c.chunk_bytes;
+}
 
 inline std::string label(const char* op, DataType dt, size_t count, const char* extra = "") {
   return detail::concat(op, " ", to_string(dt), " x ", count, extra);

@@ -2,7 +2,7 @@
 //
 //   CHORUS_TIMEOUT_MS          default deadline of every blocking call (overrides the group's)
 //   CHORUS_STORE_TIMEOUT_MS    default deadline of TcpStore connects and requests (default 300000)
-//   CHORUS_BACKEND             backend when the caller says "auto": auto | shm
+//   CHORUS_BACKEND             backend when the caller says "auto": auto | shm | gloo
 //   CHORUS_SHM_CHUNK_BYTES     size of each rank's shared-memory slot (default 524288; rank 0's
 //                              value holds for the whole group); small
 //                              values force the multi-chunk paths
