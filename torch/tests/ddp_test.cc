@@ -154,13 +154,15 @@ TEST(CommHooks, AllreduceCompressionAndFullRankPowerSGD) {
     const double fp16 = relative(grads_with([](auto& d) { d.register_comm_hook(fp16_compress_hook()); }), plain);
     RANK_CHECK(fp16 <= 1e-3, "fp16 compression off by ", fp16);
     const double bf16 = relative(grads_with([](auto& d) { d.register_comm_hook(bf16_compress_hook()); }), plain);
-    RANK_CHECK(bf16 <= 1e-2 && bf16 > 0, "bf16 compression off by ", bf16);  // bf16 keeps 8 significant bits
+    // bf16 keeps 8 significant bits: each of the two roundings (the inputs, the sum) is off by at
+    // most 2^-9 relative, so 1e-3 cannot be met; 2^-8 bounds both together.
+    RANK_CHECK(bf16 <= 0x1p-8 && bf16 > 0, "bf16 compression off by ", bf16);
     const double wrapped =
         relative(grads_with([](auto& d) { d.register_comm_hook(fp16_compress_wrapper(allreduce_hook())); }), plain);
     RANK_CHECK(wrapped <= 1e-3, "fp16 wrapper off by ", wrapped);
     const double bwrapped =
         relative(grads_with([](auto& d) { d.register_comm_hook(bf16_compress_wrapper(allreduce_hook())); }), plain);
-    RANK_CHECK(bwrapped <= 1e-2, "bf16 wrapper off by ", bwrapped);
+    RANK_CHECK(bwrapped <= 0x1p-8, "bf16 wrapper off by ", bwrapped);
 
     // PowerSGD with the full rank (every matrix compressed) reproduces allreduce.
     auto state = std::make_shared<PowerSGDState>();
