@@ -8,10 +8,9 @@
 // of them have finished reading phase n. Every rank runs the same phases in the same order, so
 // the phase counters agree without ever being exchanged.
 //
-// Note [Call check]: before its first sync a call publishes a descriptor (op, dtype, count,
-// root, op, call index, counts) in the call line of its parity; the first sync compares every
-// rank's descriptor before anyone reads data, so different calls raise CollectiveMismatch on
-// every rank, and a rank whose arguments were invalid makes every rank raise InvalidArgument.
+// Note [Call check] (call_check.h) on shared memory: before its first sync a call publishes its
+// descriptor and counts in the call line of its parity, and the first sync runs check_calls on
+// every rank's before anyone reads data.
 #pragma once
 
 #include <string>
