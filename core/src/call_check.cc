@@ -31,6 +31,12 @@ std::vector<uint64_t> travelling_counts(const Call& call) {
   return v;
 }
 
+std::string list_ranks(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
+  return s;
+}
+
 void put_text(char* field, const std::string& text) {
   std::memset(field, 0, kTextBytes);
   std::memcpy(field, text.data(), std::min(text.size(), kTextBytes - 1));

@@ -30,6 +30,8 @@ bool has_counts(OpKind kind);
 CallDesc make_desc(const Call& call, uint64_t index);
 // The call's counts as they travel: counts, then (AllToAllV) recv_counts; 2 * world at most.
 std::vector<uint64_t> travelling_counts(const Call& call);
+// "2, 5, 7": ranks as error messages list them.
+std::string list_ranks(const std::vector<int>& ranks);
 // Copies text into a kTextBytes field, cut to fit, always terminated.
 void put_text(char* field, const std::string& text);
 std::string describe_desc(const CallDesc& d, const uint64_t* counts, int world);

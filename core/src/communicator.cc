@@ -9,6 +9,7 @@
 #include <set>
 
 #include "backend.h"
+#include "call_check.h"
 #include "engine/engine.h"
 #include "chorus/core/error.h"
 #include "chorus/core/prefix_store.h"
@@ -187,13 +188,9 @@ void Communicator::hierarchical_all_reduce(Call& c, Timeout timeout) {
       fail(std::make_exception_ptr(PeerFailure(detail::concat(where, "rank ", r, " failed (", e.what(), ")"), r)));
     } catch (const TimeoutError& e) {
       std::vector<int> missing;
-      std::string list;
-      for (int m : e.missing_ranks()) {
-        missing.push_back(members[size_t(m)]);
-        list += detail::concat(list.empty() ? "" : ", ", missing.back());
-      }
+      for (int m : e.missing_ranks()) missing.push_back(members[size_t(m)]);
       fail(std::make_exception_ptr(
-          TimeoutError(detail::concat(where, "rank ", list, " did not take part (", e.what(), ")"), missing,
+          TimeoutError(detail::concat(where, "rank ", list_ranks(missing), " did not take part (", e.what(), ")"), missing,
                        e.operation())));
     } catch (const Error&) {
       fail(std::current_exception());
@@ -241,14 +238,10 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
         if (Clock::now() < deadline) continue;
       }
       std::vector<int> absent;
-      std::string list;
       for (int r = 0; r < size_; ++r)
-        if (!store_->check({keys[size_t(r)]})) {
-          absent.push_back(r);
-          list += detail::concat(list.empty() ? "" : ", ", r);
-        }
+        if (!store_->check({keys[size_t(r)]})) absent.push_back(r);
       throw TimeoutError(detail::concat("group '", options_.name, "': rank ", rank_, " waited ",
-                                        options_.timeout.count(), " ms for ranks ", list,
+                                        options_.timeout.count(), " ms for ranks ", list_ranks(absent),
                                         " to join; did every rank create the group?"),
                          absent, "init");
     }

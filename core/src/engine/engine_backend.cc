@@ -199,9 +199,8 @@ class EngineBackend : public Backend {
     if (dead.empty())
       throw PeerFailure(detail::concat(what, " on group '", group_, "' failed in ", engine_->name(), ": ", engine_text),
                         -1);
-    std::string list;
-    for (int r : dead) list += detail::concat(list.empty() ? "" : ", ", r);
-    throw PeerFailure(detail::concat(what, " on group '", group_, "': ", dead.size() == 1 ? "rank " : "ranks ", list,
+    throw PeerFailure(detail::concat(what, " on group '", group_, "': ", dead.size() == 1 ? "rank " : "ranks ",
+                                     list_ranks(dead),
                                      " stopped responding (no heartbeat for ", 5 * kBeat.count(), " ms; ",
                                      engine_->name(), " said: ", engine_text, ")"),
                       dead.front());
@@ -227,20 +226,24 @@ class EngineBackend : public Backend {
   // Each rank that timed out says how far it got; the ranks that did not say so are missing.
   [[noreturn]] void timed_out(const Call& c, const std::string& what) {
     std::vector<int> missing;
-    if (c.kind == OpKind::Send || c.kind == OpKind::Recv) missing.push_back(c.root);
-    else try {
-      store_.set(detail::concat("reached/", calls_, "/", rank_), "1");
-      std::vector<std::string> keys;
-      for (int r = 0; r < size_; ++r) keys.push_back(detail::concat("reached/", calls_, "/", r));
-      const auto until = Clock::now() + 2s;
-      while (Clock::now() < until && !store_.check(keys)) std::this_thread::sleep_for(50ms);
-      for (int r = 0; r < size_; ++r)
-        if (!store_.check({keys[size_t(r)]})) missing.push_back(r);
-    } catch (const std::exception&) {
+    if (c.kind == OpKind::Send || c.kind == OpKind::Recv) {
+      missing.push_back(c.root);
+    } else {
+      try {
+        store_.set(detail::concat("reached/", calls_, "/", rank_), "1");
+        std::vector<std::string> keys;
+        for (int r = 0; r < size_; ++r) keys.push_back(detail::concat("reached/", calls_, "/", r));
+        try {
+          store_.wait(keys, 2s);  // the others that timed out in this call say so meanwhile
+        } catch (const StoreError&) {
+        }
+        for (int r = 0; r < size_; ++r)
+          if (!store_.check({keys[size_t(r)]})) missing.push_back(r);
+      } catch (const std::exception&) {
+      }
     }
     if (auto r = peer_abort()) from_record(*r, what);
-    std::string list;
-    for (int r : missing) list += detail::concat(list.empty() ? "" : ", ", r);
+    const std::string list = list_ranks(missing);
     const auto waited = std::chrono::duration_cast<Millis>(c.deadline - c.start).count();
     throw TimeoutError(detail::concat(what, " on group '", group_, "': rank ", rank_, " waited ", waited,
                                       " ms for ", missing.empty() ? std::string("the others") : (missing.size() == 1 ? "rank " : "ranks ") + list,

@@ -7,15 +7,6 @@
 
 namespace chorus::shm {
 
-namespace {
-
-std::string list_ranks(const std::vector<int>& ranks) {
-  std::string s;
-  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
-  return s;
-}
-
-}  // namespace
 
 ShmGroup::ShmGroup(Store& store, int rank, int world, const BackendOptions& options)
     : rank_(rank),
