@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Installs the Debian packages chorus needs to build, test and benchmark, when missing.
-# Usage: scripts/install-deps.sh [--bench]   (--bench adds Open MPI's headers for the MPI peer benchmark
-# and matplotlib for bench/plot.py)
-# The tests start programs under torchrun (python3-torch) and mpirun (openmpi-bin) too, and make
-# network namespaces (iproute2) to stand in for other hosts.
+# Usage: scripts/install-deps.sh [--bench]   (--bench adds matplotlib for bench/plot.py)
+# The gloo and mpi backends build on libgloo-dev and libopenmpi-dev. The tests start programs
+# under torchrun (python3-torch) and mpirun (openmpi-bin) too, and make network namespaces
+# (iproute2) to stand in for other hosts.
 set -euo pipefail
 
-packages=(cmake g++ make libgtest-dev libcli11-dev libgloo-dev libopenblas0-pthread libtorch-dev openmpi-bin python3-torch
-          iproute2)
+packages=(cmake g++ make libgtest-dev libcli11-dev libgloo-dev libopenmpi-dev libopenblas0-pthread libtorch-dev
+          openmpi-bin python3-torch iproute2)
 if [[ "${1:-}" == "--bench" ]]; then
-  packages+=(libopenmpi-dev python3-matplotlib)
+  packages+=(python3-matplotlib)
 fi
 
 missing=()

@@ -23,6 +23,9 @@ std::vector<std::string> available_backends() {
 #if CHORUS_HAVE_GLOO
   v.push_back("gloo");
 #endif
+#if CHORUS_HAVE_MPI
+  v.push_back("mpi");
+#endif
   return v;
 }
 
@@ -264,6 +267,11 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
   if (backend == "gloo") {
 #if CHORUS_HAVE_GLOO
     backend_ = make_engine_backend(make_gloo_engine(*store_, rank_, size_, options_.timeout), *store_, rank_, size_, bo);
+#endif
+  } else if (backend == "mpi") {
+#if CHORUS_HAVE_MPI
+    backend_ = make_engine_backend(make_mpi_engine(*store_, rank_, size_, options_.name, options_.timeout), *store_,
+                                   rank_, size_, bo);
 #endif
   } else {
     backend_ = make_shm_backend(*store_, rank_, size_, bo);

@@ -43,6 +43,7 @@ TEST_P(Failure, RankThatNeverArrivesIsNamedAtTheDeadline) {
 }
 
 TEST_P(Failure, KilledRankIsNamedBySurvivorsBeforeTheTimeout) {
+  if (GetParam() == "mpi") GTEST_SKIP() << "mpirun ends the job when a rank dies: tests/mpi_rank_killed.sh";
   auto results = run_ranks(3, [&](RankContext& ctx) {
     auto comm = Communicator::create(ctx.store, ctx.rank, ctx.world, options(120s));
     std::vector<float> buf(1 << 22, 1.0f);
@@ -225,7 +226,8 @@ TEST_P(Failure, RankThatNeverJoinsTheGroupIsNamed) {
   EXPECT_TRUE(leftover_segments(results).empty());
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, Failure, ::testing::ValuesIn(test_backends()));
+INSTANTIATE_TEST_SUITE_P(Backends, Failure, ::testing::ValuesIn(test_backends()),
+                         backend_param_name);
 
 }  // namespace
 }  // namespace chorus::test

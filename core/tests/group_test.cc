@@ -112,9 +112,12 @@ TEST_P(PointToPoint, RingOfEverySize) {
   }, options()));
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, Groups, ::testing::ValuesIn(test_backends()));
-INSTANTIATE_TEST_SUITE_P(Backends, Async, ::testing::ValuesIn(test_backends()));
-INSTANTIATE_TEST_SUITE_P(Backends, PointToPoint, ::testing::ValuesIn(test_backends()));
+INSTANTIATE_TEST_SUITE_P(Backends, Groups, ::testing::ValuesIn(test_backends()),
+                         backend_param_name);
+INSTANTIATE_TEST_SUITE_P(Backends, Async, ::testing::ValuesIn(test_backends()),
+                         backend_param_name);
+INSTANTIATE_TEST_SUITE_P(Backends, PointToPoint, ::testing::ValuesIn(test_backends()),
+                         backend_param_name);
 
 }  // namespace
 }  // namespace chorus::test

@@ -6,13 +6,125 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <sstream>
 #include <thread>
 
+#include "chorus/core/environment.h"
+#include "chorus/core/prefix_store.h"
+#include "chorus/core/rendezvous.h"
 #include "chorus/core/tcp_store.h"
 
 namespace chorus::test {
 
+namespace {
+
+// Note [Suites under mpirun]: MPI ranks cannot be forked, so `mpirun -np N <test binary>` runs
+// the suites on the mpi backend the other way round: every process of the job runs the same
+// tests in the same order, and run_ranks runs the body in processes 0..W-1 of the job instead
+// of forking W children. The ranks meet on the job's store (rank 0 serves it, as for any
+// program under mpirun), under keys of their own for each run, and swap their results there so
+// that every process reaches the same verdict; only process 0 prints gtest's report.
+struct MpiJob {
+  int rank = 0, size = 0, port = 0;
+  std::shared_ptr<Store> store;
+  std::shared_ptr<Communicator> world;
+  uint64_t runs = 0;
+};
+
+MpiJob* mpi_job() {
+  static const std::unique_ptr<MpiJob> job = []() -> std::unique_ptr<MpiJob> {
+    if (!std::getenv("OMPI_COMM_WORLD_RANK")) return nullptr;
+    auto j = std::make_unique<MpiJob>();
+    const Environment env = Environment::detect();
+    j->rank = env.rank;
+    j->size = env.world_size;
+    j->port = env.master_port;
+    j->store = connect_store(env);
+    // MPI_Init is collective over the whole job: a world group first, before tests that use
+    // only some of the processes.
+    CommunicatorOptions o;
+    o.backend = "mpi";
+    j->world = Communicator::create(std::make_shared<PrefixStore>("job/", j->store), j->rank, j->size, o);
+    if (j->rank != 0 && !std::getenv("CHORUS_TEST_ALL_RANKS_PRINT") && !std::freopen("/dev/null", "w", stdout)) throw std::runtime_error("cannot silence stdout");
+    return j;
+  }();
+  return job.get();
+}
+
+// Under mpirun a hung body cannot be killed from outside: it ends its process, and mpirun the job.
+class HangGuard {
+ public:
+  HangGuard(std::chrono::seconds limit, int rank) {
+    thread_ = std::thread([this, limit, rank] {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!cv_.wait_for(lock, limit, [&] { return done_; })) {
+        std::fprintf(stderr, "rank %d: the test body ran past %lld s (hang?); ending the job\n", rank,
+                     (long long)limit.count());
+        std::_Exit(3);
+      }
+    });
+  }
+  ~HangGuard() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+std::vector<RankResult> run_ranks_in_job(MpiJob& job, int world, const std::function<void(RankContext&)>& body,
+                                         std::chrono::seconds limit) {
+  if (world > job.size)
+    throw std::runtime_error(detail::concat("this test needs ", world, " ranks: run it under mpirun -np ", world,
+                                            " or more (the job has ", job.size, ")"));
+  auto store = std::make_shared<PrefixStore>(detail::concat("run/", ++job.runs, "/"), job.store);
+  if (job.rank < world) {
+    int code = 0;
+    std::string report;
+    {
+      HangGuard guard(limit, job.rank);
+      try {
+        RankContext ctx{job.rank, world, store, job.port};
+        body(ctx);
+      } catch (const std::exception& e) {
+        report = e.what();
+        code = 1;
+      }
+    }
+    store->set(detail::concat("result/", job.rank), detail::concat(code, " ", getpid(), " ", report));
+  }
+  std::vector<std::string> keys;
+  for (int r = 0; r < world; ++r) keys.push_back(detail::concat("result/", r));
+  store->wait(keys, limit);
+  std::vector<RankResult> results(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    std::istringstream in(store->get(keys[size_t(r)]));
+    auto& res = results[size_t(r)];
+    in >> res.exit_code >> res.pid;
+    in.get();
+    std::getline(in, res.report, '\0');
+  }
+  // Process 0 serves the store: it must not leave (after the last test) while others still read.
+  job.world->barrier();
+  return results;
+}
+
+}  // namespace
+
 std::vector<std::string> test_backends() {
+  if (mpi_job()) return {"mpi"};  // Note [Suites under mpirun]
 #if CHORUS_HAVE_GLOO
   return {"shm", "gloo"};
 #else
@@ -22,6 +134,7 @@ std::vector<std::string> test_backends() {
 
 std::vector<RankResult> run_ranks(int world, const std::function<void(RankContext&)>& body,
                                   std::chrono::seconds limit) {
+  if (MpiJob* job = mpi_job()) return run_ranks_in_job(*job, world, body, limit);
   TcpStoreServer server("127.0.0.1", 0);
   const int port = server.port();
   std::vector<pid_t> pids;

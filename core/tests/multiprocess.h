@@ -30,7 +30,8 @@ struct RankContext {
 };
 
 // Forks `world` processes; each runs body(ctx) and exits 0, or reports the exception's message
-// and exits 1. Kills everything still running after `limit`.
+// and exits 1. Kills everything still running after `limit`. Under mpirun, processes 0..world-1
+// of the job run the body instead (Note [Suites under mpirun]).
 std::vector<RankResult> run_ranks(int world, const std::function<void(RankContext&)>& body,
                                   std::chrono::seconds limit = std::chrono::seconds(300));
 
@@ -39,10 +40,15 @@ std::vector<RankResult> run_group(int world, const std::function<void(Communicat
                                   CommunicatorOptions options = {},
                                   std::chrono::seconds limit = std::chrono::seconds(300));
 
-// The backends the suites run on: shm, and gloo when chorus was built with it.
+// The backends the suites run on: shm, and gloo when chorus was built with it; under mpirun,
+// mpi only (Note [Suites under mpirun] in multiprocess.cc).
 std::vector<std::string> test_backends();
 
-// A test run once per backend (INSTANTIATE_TEST_SUITE_P(..., ::testing::ValuesIn(test_backends()))).
+// Names a test instance by its backend: Suite.Test/gloo.
+inline std::string backend_param_name(const ::testing::TestParamInfo<std::string>& info) { return info.param; }
+
+// A test run once per backend (INSTANTIATE_TEST_SUITE_P(..., ValuesIn(test_backends()),
+// backend_param_name)).
 class BackendTest : public ::testing::TestWithParam<std::string> {
  protected:
   CommunicatorOptions options(std::chrono::milliseconds timeout = std::chrono::minutes(5)) const {

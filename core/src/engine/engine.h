@@ -26,6 +26,15 @@ struct EngineFailure : std::runtime_error {
 using Fold = std::function<void(void* out, const void* a, const void* b, size_t n)>;
 using Millis = std::chrono::milliseconds;
 
+// What a reduction computes, for engines that call back into chorus's kernels (Gloo takes the
+// fold) and for those that need a plain function per type and op (MPI).
+struct Reduction {
+  DataType dtype;  // never f16/bf16: EngineBackend reduces those in f32
+  ReduceOp op;     // never Mean: it arrives as Sum and EngineBackend divides afterwards
+  Fold fold;       // the same reduction as a function
+  size_t elem() const { return element_size(dtype); }
+};
+
 // One group's byte-moving primitives. Collectives are called one at a time, in the same order on
 // every rank; send and recv may run concurrently with them and each other (never two on the same
 // peer and direction). Buffers never alias unless a method says so. Each call gets the time left
@@ -36,10 +45,11 @@ class Engine {
   virtual std::string name() const = 0;
   virtual void barrier(Millis left) = 0;
   // in == out allowed.
-  virtual void all_reduce(const void* in, void* out, size_t count, size_t elem, const Fold& fold, Millis left) = 0;
+  virtual void all_reduce(const void* in, void* out, size_t count, const Reduction& r, Millis left) = 0;
   // out only on root; in == out allowed.
-  virtual void reduce(const void* in, void* out, size_t count, size_t elem, const Fold& fold, int root,
-                      Millis left) = 0;
+  virtual void reduce(const void* in, void* out, size_t count, const Reduction& r, int root, Millis left) = 0;
+  // in: size() blocks of `count` elements; out: this rank's block of the reduction.
+  virtual void reduce_scatter(const void* in, void* out, size_t count, const Reduction& r, Millis left) = 0;
   virtual void broadcast(void* buf, size_t bytes, int root, Millis left) = 0;
   virtual void all_gather(const void* in, void* out, size_t bytes, Millis left) = 0;
   virtual void all_gather_v(const void* in, void* out, const std::vector<size_t>& bytes, Millis left) = 0;
@@ -69,6 +79,15 @@ std::unique_ptr<Backend> make_engine_backend(std::unique_ptr<Engine> engine, Sto
 // Gloo over TCP: a full mesh connected through `store`. Listens on the address that routes to
 // MASTER_ADDR (127.0.0.1 without it), or on the interface GLOO_SOCKET_IFNAME names.
 std::unique_ptr<Engine> make_gloo_engine(Store& store, int rank, int size, Millis left);
+#endif
+
+#if CHORUS_HAVE_MPI
+// MPI: the group's ranks, found in MPI_COMM_WORLD through `store`, as an MPI communicator of
+// their own (MPI_Comm_create_group, collective over the members only). Initializes MPI with
+// MPI_THREAD_MULTIPLE when the program has not, and finalizes it at exit; MPI_Init is collective
+// over the whole mpirun job, so every process must create its first mpi group at the same time
+// (the world group, as usual).
+std::unique_ptr<Engine> make_mpi_engine(Store& store, int rank, int size, const std::string& group, Millis left);
 #endif
 
 }  // namespace chorus

@@ -9,16 +9,19 @@
 //   - a rank whose engine call fails looks at the heartbeats: a rank whose heartbeat stopped
 //     for 2.5 seconds is dead (PeerFailure naming it); if the deadline passed instead, the
 //     ranks that did not reach this call are named (TimeoutError);
-//   - a rank whose communicator aborts publishes the record (first one wins).
-// What an engine cannot do: without interrupt() (MPI), ranks that never talked to the culprit
-// wait until their deadline; and if the rank hosting the store dies, its heartbeat cannot be
-// read, so it is named only by the engine's own message.
+//   - a rank whose communicator aborts publishes the record (first one wins);
+//   - a rank whose communicator is destroyed says so, with how many collectives it made; a rank
+//     waiting in a later collective is interrupted and names it.
+// What an engine cannot do: without interrupt(), ranks that never talked to the culprit wait
+// until their deadline; and if the rank hosting the store dies, its heartbeat cannot be read,
+// so it is named only by the engine's own message.
 #include "engine/engine.h"
 
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -90,7 +93,8 @@ class EngineBackend : public Backend {
     cv_.notify_all();
     watchdog_.join();
     try {  // so that a peer waiting for this rank learns why it stopped answering
-      store_.set(detail::concat("left/", rank_), "1");
+      store_.set(detail::concat("left/", rank_), std::to_string(calls_));
+      store_.add("left", 1);
     } catch (const std::exception&) {
     }
   }
@@ -102,9 +106,12 @@ class EngineBackend : public Backend {
     try {
       if (c.kind == OpKind::Send || c.kind == OpKind::Recv) return point_to_point(c);
       ++calls_;
+      in_call_.store(calls_, std::memory_order_release);
       check(c);
       if (!c.check_only) dispatch(c);
+      in_call_.store(0, std::memory_order_release);
     } catch (const EngineFailure& e) {
+      in_call_.store(0, std::memory_order_release);
       diagnose(c, e.what());
     }
   }
@@ -141,6 +148,7 @@ class EngineBackend : public Backend {
       lock.unlock();
       try {
         store_.add(beat_key(rank_), 1);
+        if (left_before_this_call()) engine_->interrupt();
         if (!peer_abort_ && store_.check({"abort"})) {
           auto record = decode(store_.get("abort"));
           if (record && record->from != rank_) {
@@ -157,6 +165,22 @@ class EngineBackend : public Backend {
       }
       lock.lock();
     }
+  }
+
+  // Whether a rank left the group (destroyed its communicator) before the collective this rank
+  // is in: then the call cannot complete, and an engine that does not notice by itself (MPI)
+  // is interrupted. A rank that left after finishing it does not count: the others may still
+  // be finishing it too. Reads each leaver's key once.
+  bool left_before_this_call() {
+    const uint64_t call = in_call_.load(std::memory_order_acquire);
+    if (call == 0 || !engine_->can_interrupt()) return false;
+    if (store_.add("left", 0) > int64_t(left_.size()))
+      for (int r = 0; r < size_; ++r)
+        if (r != rank_ && !left_.count(r) && store_.check({detail::concat("left/", r)}))
+          left_[r] = std::stoull(store_.get(detail::concat("left/", r)));
+    for (const auto& [r, finished] : left_)
+      if (finished < call) return true;
+    return false;
   }
 
   std::optional<AbortRecord> peer_abort() {
@@ -255,7 +279,12 @@ class EngineBackend : public Backend {
   void check(const Call& c) {
     const size_t counts_bytes = 2 * size_t(size_) * sizeof(uint64_t);
     const size_t record = sizeof(CallDesc) + kTextBytes + counts_bytes;
-    std::vector<uint8_t> mine(record, 0), all(record * size_t(size_));
+    // Members, not locals: an engine that cannot cancel a call it gave up on (MPI) may still
+    // write into them if a late rank arrives.
+    std::vector<uint8_t>& mine = check_mine_;
+    std::vector<uint8_t>& all = check_all_;
+    mine.assign(record, 0);
+    all.resize(record * size_t(size_));
     const CallDesc d = make_desc(c, calls_);
     std::memcpy(mine.data(), &d, sizeof d);
     put_text(reinterpret_cast<char*>(mine.data() + sizeof d), c.invalid);
@@ -273,12 +302,12 @@ class EngineBackend : public Backend {
     check_calls(calls, rank_, calls_, group_);
   }
 
-  Fold fold_for(DataType dt, ReduceOp op) const {
+  Reduction reduction_for(DataType dt, ReduceOp op) const {
     const ReduceOp pairwise = op == ReduceOp::Mean ? ReduceOp::Sum : op;  // divided once at the end
-    return [dt, pairwise](void* out, const void* a, const void* b, size_t n) {
-      const void* srcs[2] = {a, b};
-      reduce::reduce(dt, pairwise, srcs, 2, out, n);
-    };
+    return {dt, pairwise, [dt, pairwise](void* out, const void* a, const void* b, size_t n) {
+              const void* srcs[2] = {a, b};
+              reduce::reduce(dt, pairwise, srcs, 2, out, n);
+            }};
   }
 
   void divide(DataType dt, void* buf, size_t n) const {
@@ -288,30 +317,38 @@ class EngineBackend : public Backend {
       for (size_t i = 0; i < n; ++i) static_cast<float*>(buf)[i] /= float(size_);
   }
 
-  // all_reduce (root < 0) or reduce, in the widened type where needed, with mean's division.
-  void reduction(const Call& c, const void* in, void* out, size_t count, int root) {
-    const bool gets = root < 0 || rank_ == root;
-    if (is_half(c.dtype)) {
-      auto wide = widen(c.dtype, in, count);
-      reduction_wide(DataType::Float32, c.op, wide.data(), wide.data(), count, root, c.deadline);
-      if (gets) narrow(c.dtype, wide, out);
-      return;
-    }
+  // all_reduce, reduce or reduce_scatter: in the widened type where needed, through a scratch
+  // output where this rank gets none or the output overlaps the input, then mean's division.
+  void reduction(const Call& c) {
+    const size_t out_n = c.count, in_n = c.kind == OpKind::ReduceScatter ? c.count * size_t(size_) : c.count;
+    const bool gets = c.kind != OpKind::Reduce || rank_ == c.root;
+    DataType dt = c.dtype;
+    const void* in = c.in;
+    void* out = c.out;
+    std::vector<float> wide_in, wide_out;
     std::vector<uint8_t> scratch;
-    if (!gets) {  // engines reduce through an output buffer on every rank
-      scratch.resize(count * element_size(c.dtype));
+    if (is_half(dt)) {
+      wide_in = widen(dt, in, in_n);
+      wide_out.resize(out_n);
+      in = wide_in.data();
+      out = wide_out.data();
+      dt = DataType::Float32;
+    } else if (!gets || (c.kind == OpKind::ReduceScatter &&
+                         out == static_cast<const uint8_t*>(in) + size_t(rank_) * out_n * element_size(dt))) {
+      // engines reduce through an output on every rank, and reduce_scatter's in-place output
+      // lies inside its input
+      scratch.resize(out_n * element_size(dt));
       out = scratch.data();
     }
-    reduction_wide(c.dtype, c.op, in, out, count, root, c.deadline);
-  }
-  void reduction_wide(DataType dt, ReduceOp op, const void* in, void* out, size_t count, int root,
-                      Clock::time_point deadline) {
-    const size_t es = element_size(dt);
-    if (root < 0)
-      engine_->all_reduce(in, out, count, es, fold_for(dt, op), left_until(deadline));
-    else
-      engine_->reduce(in, out, count, es, fold_for(dt, op), root, left_until(deadline));
-    if (op == ReduceOp::Mean && (root < 0 || rank_ == root)) divide(dt, out, count);
+    const Reduction r = reduction_for(dt, c.op);
+    const Millis left = left_until(c.deadline);
+    if (c.kind == OpKind::AllReduce) engine_->all_reduce(in, out, out_n, r, left);
+    else if (c.kind == OpKind::Reduce) engine_->reduce(in, out, out_n, r, c.root, left);
+    else engine_->reduce_scatter(in, out, out_n, r, left);
+    if (!gets) return;
+    if (c.op == ReduceOp::Mean) divide(dt, out, out_n);
+    if (is_half(c.dtype)) narrow(c.dtype, wide_out, c.out);
+    else if (out != c.out) std::memcpy(c.out, out, out_n * element_size(dt));
   }
 
   void dispatch(const Call& c) {
@@ -336,10 +373,9 @@ class EngineBackend : public Backend {
       case OpKind::Barrier:
       case OpKind::Split: return engine_->barrier(left);
       case OpKind::AllReduce:
-        if (c.count) reduction(c, in, out, c.count, -1);
-        return;
       case OpKind::Reduce:
-        if (c.count) reduction(c, in, out, c.count, c.root);
+      case OpKind::ReduceScatter:
+        if (c.count) reduction(c);
         return;
       case OpKind::Broadcast:
         if (bytes) engine_->broadcast(out, bytes, c.root, left);
@@ -369,14 +405,6 @@ class EngineBackend : public Backend {
           return;
         }
         return engine_->scatter(in, out, bytes, c.root, left);
-      case OpKind::ReduceScatter: {
-        // Gloo has no reduce-scatter: reduce everything, keep this rank's block.
-        if (!c.count) return;
-        std::vector<uint8_t> all(W * bytes);
-        reduction(c, in, all.data(), W * c.count, -1);
-        std::memcpy(out, all.data() + size_t(rank_) * bytes, bytes);
-        return;
-      }
       case OpKind::AllToAll:
       case OpKind::AllToAllV: {
         const auto sends = c.kind == OpKind::AllToAll ? std::vector<size_t>(W, bytes) : scaled(c.counts);
@@ -434,12 +462,15 @@ class EngineBackend : public Backend {
   const int rank_, size_;
   const std::string group_;
   uint64_t calls_ = 0;
+  std::vector<uint8_t> check_mine_, check_all_;
 
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;
   std::thread watchdog_;
   std::atomic<bool> peer_abort_{false};
+  std::atomic<uint64_t> in_call_{0};  // the collective in progress (its number), or 0
+  std::map<int, uint64_t> left_;      // watchdog's: ranks that left, and how many calls they had made
   std::mutex record_mu_;
   AbortRecord record_;
 };

@@ -109,23 +109,31 @@ class GlooEngine : public Engine {
     guard("barrier", [&] { ::gloo::barrier(o); });
   }
 
-  void all_reduce(const void* in, void* out, size_t count, size_t elem, const Fold& fold, Millis left) override {
+  void all_reduce(const void* in, void* out, size_t count, const Reduction& r, Millis left) override {
     ::gloo::AllreduceOptions o(context_);
-    set_buffers(o, in, out, count, elem);
-    o.setReduceFunction(fold);
+    set_buffers(o, in, out, count, r.elem());
+    o.setReduceFunction(r.fold);
     o.setTag(next_tag());
     o.setTimeout(left);
     guard("all_reduce", [&] { ::gloo::allreduce(o); });
   }
 
-  void reduce(const void* in, void* out, size_t count, size_t elem, const Fold& fold, int root, Millis left) override {
+  void reduce(const void* in, void* out, size_t count, const Reduction& r, int root, Millis left) override {
     ::gloo::ReduceOptions o(context_);
-    set_buffers(o, in, out, count, elem);
+    set_buffers(o, in, out, count, r.elem());
     o.setRoot(root);
-    o.setReduceFunction(fold);
+    o.setReduceFunction(r.fold);
     o.setTag(next_tag());
     o.setTimeout(left);
     guard("reduce", [&] { ::gloo::reduce(o); });
+  }
+
+  // Gloo has no reduce-scatter: reduce everything, keep this rank's block.
+  void reduce_scatter(const void* in, void* out, size_t count, const Reduction& r, Millis left) override {
+    const size_t bytes = count * r.elem();
+    std::vector<uint8_t> all(bytes * size_t(size_));
+    all_reduce(in, all.data(), count * size_t(size_), r, left);
+    std::memcpy(out, all.data() + size_t(rank_) * bytes, bytes);
   }
 
   void broadcast(void* buf, size_t bytes, int root, Millis left) override {

@@ -1,9 +1,16 @@
-// The worker of tests/two_hosts.sh: started by chorusrun on each "host" (a network namespace),
-// it joins the group with backend "auto", prints which path the group took, and runs the whole
+// The worker of the launcher-level tests. Started by a launcher (chorusrun on each "host" of
+// tests/two_hosts.sh, mpirun in tests/mpi_rank_killed.sh), it joins the group (backend from
+// CHORUS_BACKEND, "auto" by default), prints which path the group took, and runs the whole
 // collective sweep (large enough messages take the hierarchical all_reduce). With --hang it
-// instead loops on all_reduce until a peer fails and prints the error it got.
+// instead loops on all_reduce until a peer fails and prints the error it got; --kill-rank R
+// makes rank R kill itself with SIGKILL 300 ms into that loop.
+#include <signal.h>
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "chorus/core/environment.h"
 #include "chorus/core/rendezvous.h"
@@ -11,7 +18,12 @@
 
 int main(int argc, char** argv) {
   using namespace chorus;
-  const bool hang = argc > 1 && std::strcmp(argv[1], "--hang") == 0;
+  bool hang = false;
+  int kill_rank = -1;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--hang") == 0) hang = true;
+    if (std::strcmp(argv[i], "--kill-rank") == 0 && i + 1 < argc) kill_rank = std::atoi(argv[++i]);
+  }
   const auto env = Environment::detect();
   CommunicatorOptions options;
   options.timeout = std::chrono::seconds(120);
@@ -21,6 +33,11 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   if (hang) {
     std::vector<float> buf(1 << 20, 1.0f);
+    if (comm->rank() == kill_rank)
+      std::thread([] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        kill(getpid(), SIGKILL);
+      }).detach();
     try {
       for (;;) comm->all_reduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Max);
     } catch (const std::exception& e) {
@@ -29,7 +46,7 @@ int main(int argc, char** argv) {
     }
   }
   try {
-    test::sweep(*comm, {"auto", comm->size(), 0, {0, 1, 4099, 70001}});
+    test::sweep(*comm, {comm->backend_name(), comm->size(), 0, {0, 1, 4099, 70001}});
   } catch (const std::exception& e) {
     std::printf("rank %d: FAILED %s\n", comm->rank(), e.what());
     return 1;
