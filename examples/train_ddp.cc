@@ -6,7 +6,8 @@
 // Rank 0 makes the dataset (deterministic: 10 Gaussian classes in 64 dimensions) while the others
 // wait (rank_zero_first), then broadcasts it; every rank trains on its own shard with gradients
 // averaged by DistributedDataParallel; evaluation gathers the predictions and reduces the metrics
-// across ranks; rank 0 alone writes the checkpoint and prints progress and the summary.
+// across ranks; rank 0 alone writes the checkpoint and prints progress and the summary. Last, the
+// ranks check that their parameters are identical, bit for bit.
 #include <chorus/chorus.h>
 #include <torch/torch.h>
 
@@ -130,9 +131,17 @@ int main(int argc, char** argv) {
     }
   }
   const double train_secs = std::chrono::duration<double>(Clock::now() - t_train).count();
+  torch::NoGradGuard no_grad;
+
+  // The replicas must agree bit for bit: every rank compares its parameters with rank 0's.
+  std::vector<at::Tensor> flat;
+  for (const auto& p : model->parameters()) flat.push_back(p.reshape(-1));
+  const at::Tensor params = at::cat(flat);
+  const int64_t differ = fabric.all_reduce(torch::tensor(int64_t(!at::equal(params, fabric.broadcast(params, 0)))),
+                                           nullptr, "sum")
+                             .item<int64_t>();
 
   // Evaluation: every rank scores its shard; predictions are gathered on rank 0, metrics reduced.
-  torch::NoGradGuard no_grad;
   at::Tensor mine = at::arange(rank, test_size, world);
   at::Tensor logits = model->forward(x_test.index_select(0, mine));
   at::Tensor preds = logits.argmax(1);
@@ -163,11 +172,16 @@ int main(int argc, char** argv) {
     torch::save(model, out_dir + "/model.pt");
     std::printf("per-class accuracy (%%): %s\n", per_class.c_str());
     std::printf("checkpoint: %s/model.pt (rank 0 only)\n", out_dir.c_str());
+    if (differ == 0)
+      std::printf("replicas: all %d ranks hold the same %lld parameters, bit for bit\n", world,
+                  (long long)params.numel());
+    else
+      std::printf("replicas: %lld of %d ranks hold parameters that differ from rank 0's\n", (long long)differ, world);
     std::printf("summary: %d ranks, %d epochs, %lld samples in %.1f s (%.0f samples/s); test accuracy %.2f%%, test loss %.4f; "
                 "total %.1f s\n",
                 world, epochs, (long long)samples_seen, train_secs, double(samples_seen) / train_secs, accuracy * 100,
                 test_loss, std::chrono::duration<double>(Clock::now() - t_start).count());
   }
   fabric.barrier();
-  return accuracy > 0.5 ? 0 : 1;
+  return accuracy > 0.5 && differ == 0 ? 0 : 1;
 }
