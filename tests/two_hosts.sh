@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# Two "hosts" on one machine: network namespaces joined by a veth pair, each with its own
-# hostname (a UTS namespace), so chorus sees two machines. chorusrun runs 2 processes on each
-# (world 4, backend auto):
+# Two "hosts" on one machine (tests/netns.sh); chorusrun runs 2 processes on each (world 4,
+# backend auto):
 #   1. the collective sweep, which must take the hierarchical path and be correct on every rank;
 #   2. with TRAIN_DDP given, a short DDP training run (examples/train_ddp) that must end with
 #      identical parameters on all 4 ranks;
@@ -11,41 +10,18 @@
 # Exits 77 (skipped) where network namespaces cannot be made (no root, no iproute2).
 set -uo pipefail
 run=$1 probe=$2 train=${3:-}
-A=chorus$$a B=chorus$$b
 out=$(mktemp -d)
-cleanup() {
-  for ns in $A $B; do
-    ip netns pids $ns 2>/dev/null | xargs -r kill -9 2>/dev/null
-    ip netns del $ns 2>/dev/null
-  done
-  rm -rf "$out"
-}
-trap cleanup EXIT
-if ! command -v ip >/dev/null || ! command -v unshare >/dev/null || ! ip netns add $A 2>/dev/null; then
-  echo "SKIPPED: cannot create network namespaces here (needs root, iproute2 and util-linux)"
-  exit 77
-fi
-set -e
-ip netns add $B
-ip link add ${A}v type veth peer name ${B}v
-ip link set ${A}v netns $A
-ip link set ${B}v netns $B
-ip -n $A addr add 10.213.0.1/24 dev ${A}v
-ip -n $B addr add 10.213.0.2/24 dev ${B}v
-for ns in $A $B; do
-  ip -n $ns link set lo up
-  ip -n $ns link set ${ns}v up
-done
-set +e
+netns_cleanup='rm -rf "$out"'
+source "$(dirname "$0")/netns.sh"
+netns_up
 
 port=$((20000 + $$ % 10000))
 # on NAMESPACE HOSTNAME NODE_RANK PROGRAM ARGS...: chorusrun for that node, in the background.
 on() {
   local ns=$1 name=$2 node=$3
   shift 3
-  ip netns exec "$ns" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$name" \
-    "$run" --nnodes 2 --node-rank "$node" --master-addr 10.213.0.1 --master-port "$port" --nproc-per-node 2 \
-    "$@" >"$out/$name.log" 2>&1 &
+  in_host "$ns" "$name" "$run" --nnodes 2 --node-rank "$node" --master-addr $MASTER_IP --master-port "$port" \
+    --nproc-per-node 2 "$@" >"$out/$name.log" 2>&1 &
 }
 fail() {
   echo "FAILED: $*"

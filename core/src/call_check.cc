@@ -24,6 +24,18 @@ CallDesc make_desc(const Call& call, uint64_t index) {
   return d;
 }
 
+uint64_t fingerprint(const CallDesc& desc, const std::vector<uint64_t>& counts) {
+  CallDesc d = desc;
+  d.invalid = 0;
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  auto mix = [&](const void* p, size_t n) {
+    for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const uint8_t*>(p)[i]) * 1099511628211ull;
+  };
+  mix(&d, sizeof d);
+  if (OpKind(d.kind) != OpKind::AllToAllV) mix(counts.data(), counts.size() * sizeof(uint64_t));
+  return h;
+}
+
 std::vector<uint64_t> travelling_counts(const Call& call) {
   if (!has_counts(call.kind)) return {};
   std::vector<uint64_t> v(call.counts.begin(), call.counts.end());

@@ -2,7 +2,8 @@
 // publishes a CallDesc (plus its counts, and why it rejected its arguments if it did) and checks
 // everyone's with check_calls. Different calls raise CollectiveMismatch on every rank, showing
 // each rank's call; a rank whose arguments were invalid makes every rank raise InvalidArgument.
-// How the descriptors travel is the backend's business (shared memory, or one all_gather).
+// How the descriptors travel is the backend's business (shared memory; or a max-reduction of
+// their fingerprints, and an all_gather of the whole records only when they differ).
 #pragma once
 
 #include <cstdint>
@@ -35,6 +36,12 @@ std::string list_ranks(const std::vector<int>& ranks);
 // Copies text into a kTextBytes field, cut to fit, always terminated.
 void put_text(char* field, const std::string& text);
 std::string describe_desc(const CallDesc& d, const uint64_t* counts, int world);
+
+// What check_calls compares between ranks, as 64 bits: equal fingerprints mean equal calls
+// (but for a 2^-64 chance). A rejection does not count, and neither do all_to_all_v's counts,
+// which rightly differ between ranks. Lets a backend check a call with one small max-reduction
+// and gather the whole descriptors only when the ranks disagree.
+uint64_t fingerprint(const CallDesc& desc, const std::vector<uint64_t>& counts);
 
 // One rank's call as it arrived.
 struct RankCall {
