@@ -1,5 +1,6 @@
 """torch.distributed all_reduce (gloo, f32) over a size sweep, started by torchrun on each node:
-the peer of chorus-bench in bench/two_hosts_bench.sh.
+the peer of chorus-bench in bench/two_hosts_bench.sh, timed the way chorus-bench times (a
+barrier before each call, the median of rank 0's calls).
 Run: torchrun ... bench/torch_all_reduce.py SIZE[,SIZE...]   (bytes per rank)
 Prints on rank 0, to stderr (what Debian's torchrun can tee): op bytes median_us algbw_GBps busbw_GBps (nccl-tests conventions)."""
 import os, statistics, sys, time
@@ -24,6 +25,7 @@ def main():
         dist.barrier()
         ts = []
         for _ in range(iters):
+            dist.barrier()  # as chorus-bench times: each call from a common start
             t0 = time.perf_counter()
             dist.all_reduce(x)
             ts.append(time.perf_counter() - t0)

@@ -174,10 +174,12 @@ void Communicator::hierarchical_all_reduce(Call& c, Timeout timeout) {
   execute(check, timeout);
   const auto deadline = Clock::now() + timeout.value_or(options_.timeout);
   auto left = [&] { return std::max(std::chrono::milliseconds(1), std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now())); };
+  // Each local rank's slice; the last count % L elements (fewer than L) go flat afterwards, so
+  // that the steps read the input and write the output in place, without staging copies.
   const size_t es = element_size(c.dtype), L = size_t(node_->size());
-  const size_t part = (c.count + L - 1) / L;
-  std::vector<uint8_t> all(part * L * es, 0), slice(part * es);
-  std::memcpy(all.data(), c.in, c.count * es);
+  const size_t part = c.count / L, tail = c.count - part * L;
+  hierarchy_slice_.resize(part * es);
+  uint8_t* slice = hierarchy_slice_.data();
   // A failure in a step names ranks of its subgroup: say which ranks of this group they are.
   auto step = [&](Communicator& sub, const std::vector<int>& members, auto&& fn) {
     const std::string where = detail::concat(describe(c), " on group '", options_.name, "', in its subgroup '",
@@ -201,10 +203,16 @@ void Communicator::hierarchical_all_reduce(Call& c, Timeout timeout) {
     std::lock_guard<std::mutex> lock(state_mu_);
     if (failed_) std::rethrow_exception(failed_);
   };
-  step(*node_, node_ranks_, [&] { node_->reduce_scatter(all.data(), slice.data(), part, c.dtype, c.op, left()); });
-  step(*cross_, cross_ranks_, [&] { cross_->all_reduce(slice.data(), slice.data(), part, c.dtype, c.op, left()); });
-  step(*node_, node_ranks_, [&] { node_->all_gather(slice.data(), all.data(), part, c.dtype, left()); });
-  std::memcpy(c.out, all.data(), c.count * es);
+  step(*node_, node_ranks_, [&] { node_->reduce_scatter(c.in, slice, part, c.dtype, c.op, left()); });
+  step(*cross_, cross_ranks_, [&] { cross_->all_reduce(slice, slice, part, c.dtype, c.op, left()); });
+  step(*node_, node_ranks_, [&] { node_->all_gather(slice, c.out, part, c.dtype, left()); });
+  if (tail) {
+    Call rest = c;
+    rest.count = tail;
+    rest.in = static_cast<const uint8_t*>(c.in) + part * L * es;
+    rest.out = static_cast<uint8_t*>(c.out) + part * L * es;
+    execute(rest, Timeout(left()));
+  }
 }
 
 Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, CommunicatorOptions options)

@@ -176,6 +176,7 @@ class Communicator {
   std::vector<std::string> hosts_;  // each rank's host identity
   std::shared_ptr<Communicator> node_, cross_;  // Note [Hierarchy]: set when in use
   std::vector<int> node_ranks_, cross_ranks_;   // their members, as ranks of this group
+  std::vector<uint8_t> hierarchy_slice_;         // this rank's slice, kept between calls
 
   std::mutex p2p_mu_;
   std::condition_variable p2p_cv_;
