@@ -27,7 +27,8 @@ namespace {
 // tests in the same order, and run_ranks runs the body in processes 0..W-1 of the job instead
 // of forking W children. The ranks meet on the job's store (rank 0 serves it, as for any
 // program under mpirun), under keys of their own for each run, and swap their results there so
-// that every process reaches the same verdict; only process 0 prints gtest's report.
+// that every process reaches the same verdict; only process 0 prints gtest's report (all do with
+// CHORUS_TEST_ALL_RANKS_PRINT=1, for debugging).
 struct MpiJob {
   int rank = 0, size = 0, port = 0;
   std::shared_ptr<Store> store;
@@ -49,7 +50,8 @@ MpiJob* mpi_job() {
     CommunicatorOptions o;
     o.backend = "mpi";
     j->world = Communicator::create(std::make_shared<PrefixStore>("job/", j->store), j->rank, j->size, o);
-    if (j->rank != 0 && !std::getenv("CHORUS_TEST_ALL_RANKS_PRINT") && !std::freopen("/dev/null", "w", stdout)) throw std::runtime_error("cannot silence stdout");
+    const bool quiet = j->rank != 0 && !std::getenv("CHORUS_TEST_ALL_RANKS_PRINT");
+    if (quiet && !std::freopen("/dev/null", "w", stdout)) throw std::runtime_error("cannot silence stdout");
     return j;
   }();
   return job.get();

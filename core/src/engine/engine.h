@@ -86,7 +86,8 @@ std::unique_ptr<Engine> make_gloo_engine(Store& store, int rank, int size, Milli
 // their own (MPI_Comm_create_group, collective over the members only). Initializes MPI with
 // MPI_THREAD_MULTIPLE when the program has not, and finalizes it at exit; MPI_Init is collective
 // over the whole mpirun job, so every process must create its first mpi group at the same time
-// (the world group, as usual).
+// (the world group, as usual). MPI_Comm_create_group has no deadline; it runs once the group's
+// rendezvous has seen every member.
 std::unique_ptr<Engine> make_mpi_engine(Store& store, int rank, int size, const std::string& group, Millis left);
 #endif
 

@@ -106,12 +106,14 @@ class EngineBackend : public Backend {
     try {
       if (c.kind == OpKind::Send || c.kind == OpKind::Recv) return point_to_point(c);
       ++calls_;
+      struct InCall {  // tells the watchdog which collective this rank is in, until it returns
+        std::atomic<uint64_t>& at;
+        ~InCall() { at.store(0, std::memory_order_release); }
+      } in_call{in_call_};
       in_call_.store(calls_, std::memory_order_release);
       check(c);
       if (!c.check_only) dispatch(c);
-      in_call_.store(0, std::memory_order_release);
     } catch (const EngineFailure& e) {
-      in_call_.store(0, std::memory_order_release);
       diagnose(c, e.what());
     }
   }
