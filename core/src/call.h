@@ -45,6 +45,9 @@ struct Call {
   // Only compare the call with the other ranks' (Note [Call check]) and move no data: a layer
   // that runs the call some other way (Note [Hierarchy]) checks it on the whole group first.
   bool check_only = false;
+  // The whole group checked this very call already (Note [Hierarchy]): a backend whose check
+  // costs a network round (the engines) skips its own.
+  bool checked = false;
 };
 
 // "all_reduce(f32 x 1000, sum)" — how calls appear in error messages.

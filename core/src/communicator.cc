@@ -122,7 +122,8 @@ std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store,
 // host) crosses the network per rank, and the shared-memory steps run at memory speed. It needs
 // the same number of ranks on every host; otherwise, and for every other collective, the group
 // runs flat on gloo. The whole group checks each call first (Call::check_only), so a bad or
-// mismatched call raises on every rank as it does on one host.
+// mismatched call raises on every rank as it does on one host, and the step between hosts
+// skips its own check (Call::checked).
 void Communicator::build_hierarchy() {
   std::vector<std::string> distinct;
   std::vector<int> node_of, local_of;
@@ -204,7 +205,14 @@ void Communicator::hierarchical_all_reduce(Call& c, Timeout timeout) {
     if (failed_) std::rethrow_exception(failed_);
   };
   step(*node_, node_ranks_, [&] { node_->reduce_scatter(c.in, slice, part, c.dtype, c.op, left()); });
-  step(*cross_, cross_ranks_, [&] { cross_->all_reduce(slice, slice, part, c.dtype, c.op, left()); });
+  step(*cross_, cross_ranks_, [&] {  // checked above: skip the engine's own round
+    Call across = make(OpKind::AllReduce, c.dtype, part);
+    across.op = c.op;
+    across.in = slice;
+    across.out = slice;
+    across.checked = true;
+    cross_->run(across, left());
+  });
   step(*node_, node_ranks_, [&] { node_->all_gather(slice, c.out, part, c.dtype, left()); });
   if (tail) {
     Call rest = c;

@@ -111,7 +111,7 @@ class EngineBackend : public Backend {
         ~InCall() { at.store(0, std::memory_order_release); }
       } in_call{in_call_};
       in_call_.store(calls_, std::memory_order_release);
-      check(c);
+      if (!c.checked) check(c);
       if (!c.check_only) dispatch(c);
     } catch (const EngineFailure& e) {
       diagnose(c, e.what());
