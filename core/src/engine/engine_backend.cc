@@ -26,6 +26,7 @@
 #include <optional>
 #include <thread>
 
+#include "abort_cause.h"
 #include "call_check.h"
 #include "chorus/core/error.h"
 #include "chorus/core/store.h"
@@ -38,25 +39,25 @@ namespace {
 using namespace std::chrono_literals;
 
 constexpr auto kBeat = 500ms;
-enum class AbortKind : int { Timeout = 1, PeerFailure, Mismatch, Other };
 
+// A rank's abort as the store keeps it: "from|kind|about|text".
 struct AbortRecord {
   int from = -1;  // the rank that gave up
-  AbortKind kind = AbortKind::Other;
-  int about = -1;  // the rank it names
-  std::string text;
+  AbortCause cause;
 };
 
-std::string encode(const AbortRecord& r) { return detail::concat(r.from, "|", int(r.kind), "|", r.about, "|", r.text); }
+std::string encode(const AbortRecord& r) {
+  return detail::concat(r.from, "|", uint32_t(r.cause.kind), "|", r.cause.about, "|", r.cause.text);
+}
 
 std::optional<AbortRecord> decode(const std::string& s) {
   AbortRecord r;
   size_t a = s.find('|'), b = s.find('|', a + 1), c = s.find('|', b + 1);
   if (a == std::string::npos || b == std::string::npos || c == std::string::npos) return std::nullopt;
   r.from = std::stoi(s.substr(0, a));
-  r.kind = AbortKind(std::stoi(s.substr(a + 1, b - a - 1)));
-  r.about = std::stoi(s.substr(b + 1, c - b - 1));
-  r.text = s.substr(c + 1);
+  r.cause.kind = AbortKind(std::stoul(s.substr(a + 1, b - a - 1)));
+  r.cause.about = std::stoi(s.substr(b + 1, c - b - 1));
+  r.cause.text = s.substr(c + 1);
   return r;
 }
 
@@ -119,19 +120,7 @@ class EngineBackend : public Backend {
   }
 
   void abort(const std::exception_ptr& cause) override {
-    AbortRecord r;
-    r.from = rank_;
-    try {
-      std::rethrow_exception(cause);
-    } catch (const TimeoutError& e) {
-      r = {rank_, AbortKind::Timeout, e.missing_ranks().empty() ? -1 : e.missing_ranks().front(), e.what()};
-    } catch (const PeerFailure& e) {
-      r = {rank_, AbortKind::PeerFailure, e.failed_rank(), e.what()};
-    } catch (const CollectiveMismatch& e) {
-      r = {rank_, AbortKind::Mismatch, -1, e.what()};
-    } catch (const std::exception& e) {
-      r = {rank_, AbortKind::Other, -1, e.what()};
-    }
+    const AbortRecord r{rank_, abort_cause(cause)};
     try {
       store_.compare_set("abort", "", encode(r));
     } catch (const std::exception&) {
@@ -192,13 +181,7 @@ class EngineBackend : public Backend {
   }
 
   [[noreturn]] void from_record(const AbortRecord& r, const std::string& what) const {
-    const std::string msg = detail::concat(what, " on group '", group_, "': rank ", r.from, " gave up first: ", r.text);
-    switch (r.kind) {
-      case AbortKind::Timeout: throw TimeoutError(msg, {r.about}, what);
-      case AbortKind::PeerFailure: throw PeerFailure(msg, r.about);
-      case AbortKind::Mismatch: throw CollectiveMismatch(msg, {});
-      default: throw Error(msg);
-    }
+    raise_peer_abort(r.cause, r.from, what, group_);
   }
 
   // The call failed in the engine: a peer gave up, died, or did not arrive in time.

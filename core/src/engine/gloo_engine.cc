@@ -2,6 +2,7 @@
 // its unbound buffers for what Gloo lacks (gather with uneven sizes, point to point).
 #include <arpa/inet.h>
 #include <netdb.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -84,12 +85,25 @@ std::string address_toward(const std::string& host) {
   return attr;
 }
 
+// Gloo writes to its sockets with writev, which raises SIGPIPE when the peer has died, and
+// SIGPIPE's default action ends the process before the error can name the peer. Ignore it,
+// unless the program chose a handler of its own (Python programs, torch's among them, ignore
+// it already).
+void ignore_sigpipe() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction current {};
+    if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) signal(SIGPIPE, SIG_IGN);
+  });
+}
+
 // Slots of the point-to-point channels and of gather_v; Gloo's collectives use prefixes below.
 constexpr uint8_t kDataSlot = 0xC0, kAckSlot = 0xC1, kGatherSlot = 0xC2;
 
 class GlooEngine : public Engine {
  public:
   GlooEngine(chorus::Store& store, int rank, int size, Millis left) : rank_(rank), size_(size) {
+    ignore_sigpipe();
     GlooStore gs(store);
     auto context = std::make_shared<::gloo::rendezvous::Context>(rank, size);
     context->setTimeout(left);

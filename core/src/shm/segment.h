@@ -44,7 +44,6 @@ struct alignas(kLine) CallLine {
 static_assert(sizeof(CallLine) == kLine);
 
 enum RankState : uint32_t { kAbsent = 0, kActive = 1, kLeft = 2, kAborted = 3 };
-enum AbortKind : uint32_t { kAbortNone = 0, kAbortTimeout, kAbortPeerFailure, kAbortMismatch, kAbortOther };
 
 struct alignas(kLine) RankControl {
   std::atomic<uint32_t> seq;      // last phase this rank posted; peers futex-wait on it

@@ -43,17 +43,7 @@ class ShmBackend : public Backend {
   }
 
   void abort(const std::exception_ptr& cause) override {
-    try {
-      std::rethrow_exception(cause);
-    } catch (const TimeoutError& e) {
-      g_.abort(kAbortTimeout, e.missing_ranks().empty() ? -1 : e.missing_ranks().front(), e.what());
-    } catch (const PeerFailure& e) {
-      g_.abort(kAbortPeerFailure, e.failed_rank(), e.what());
-    } catch (const CollectiveMismatch& e) {
-      g_.abort(kAbortMismatch, -1, e.what());
-    } catch (const std::exception& e) {
-      g_.abort(kAbortOther, -1, e.what());
-    }
+    g_.abort(abort_cause(cause));
   }
 
  private:

@@ -89,15 +89,9 @@ void ShmGroup::check_peers(const std::vector<int>& awaited, const std::string& w
     if (p == rank_) continue;
     RankControl& peer = seg_.ctrl(p);
     if (peer.state.load() != kAborted) continue;
-    const std::string msg = detail::concat(what, " on group '", name_, "': rank ", p, " gave up first: ",
-                                           std::string(peer.abort_text, strnlen(peer.abort_text, kTextBytes)));
-    const int about = peer.abort_rank.load();
-    switch (AbortKind(peer.abort_kind.load())) {
-      case kAbortTimeout: throw TimeoutError(msg, {about}, what);
-      case kAbortPeerFailure: throw PeerFailure(msg, about);
-      case kAbortMismatch: throw CollectiveMismatch(msg, {});
-      default: throw Error(msg);
-    }
+    raise_peer_abort({AbortKind(peer.abort_kind.load()), peer.abort_rank.load(),
+                      std::string(peer.abort_text, strnlen(peer.abort_text, kTextBytes))},
+                     p, what, name_);
   }
   const auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started);
   for (int p : awaited) {
@@ -130,12 +124,12 @@ void ShmGroup::check_peers(const std::vector<int>& awaited, const std::string& w
                      awaited, what);
 }
 
-void ShmGroup::abort(AbortKind kind, int about_rank, const std::string& text) {
+void ShmGroup::abort(const AbortCause& cause) {
   RankControl& me = seg_.ctrl(rank_);
   if (me.state.load() == kAborted) return;
-  put_text(me.abort_text, text);
-  me.abort_kind.store(kind);
-  me.abort_rank.store(about_rank);
+  put_text(me.abort_text, cause.text);
+  me.abort_kind.store(uint32_t(cause.kind));
+  me.abort_rank.store(cause.about);
   me.state.store(kAborted);
   futex_wake_all(&me.seq);
 }

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "abort_cause.h"
 #include "backend.h"
 #include "shm/segment.h"
 #include "shm/waiter.h"
@@ -64,7 +65,7 @@ class ShmGroup {
   }
 
   // Publishes this rank's failure so peers stop waiting for it.
-  void abort(AbortKind kind, int about_rank, const std::string& text);
+  void abort(const AbortCause& cause);
 
  private:
   void validate();
