@@ -122,11 +122,17 @@ at::Tensor low_rank_average(ProcessGroup& g, const PowerSGDState& state, at::Ten
   return approx;
 }
 
+void check_state(const std::shared_ptr<PowerSGDState>& state, const char* hook) {
+  if (!state) throw InvalidArgument(concat(hook, ": the state is null"));
+  if (state->matrix_approximation_rank < 1)
+    throw InvalidArgument(concat(hook, ": matrix_approximation_rank must be >= 1 (it is ",
+                                         state->matrix_approximation_rank, ")"));
+}
+
 }  // namespace
 
 CommHook powerSGD_hook(std::shared_ptr<PowerSGDState> state) {
-  if (!state) throw InvalidArgument("powerSGD_hook: the state is null");
-  if (state->matrix_approximation_rank < 1) throw InvalidArgument("powerSGD_hook: matrix_approximation_rank must be >= 1");
+  check_state(state, "powerSGD_hook");
   return [state](GradBucket& bucket) -> FuturePtr {
     ProcessGroup& g = group_or_default(state->group);
     if (auto plain = plain_while_warming_up(*state, bucket, g)) return plain;
@@ -165,7 +171,7 @@ CommHook powerSGD_hook(std::shared_ptr<PowerSGDState> state) {
 
 // The whole bucket as one square-ish matrix (zero padded): one P and one Q per bucket.
 CommHook batched_powerSGD_hook(std::shared_ptr<PowerSGDState> state) {
-  if (!state) throw InvalidArgument("batched_powerSGD_hook: the state is null");
+  check_state(state, "batched_powerSGD_hook");
   return [state](GradBucket& bucket) -> FuturePtr {
     ProcessGroup& g = group_or_default(state->group);
     if (auto plain = plain_while_warming_up(*state, bucket, g)) return plain;

@@ -233,6 +233,21 @@ TEST(CommHooks, LowRankPowerSGDTrainsAlmostAsWellAsDDP) {
   });
 }
 
+TEST(CommHooks, PowerSGDStatesAreCheckedWhenTheHookIsMade) {
+  for (auto make : {powerSGD_hook, batched_powerSGD_hook}) {
+    EXPECT_THROW(make(nullptr), InvalidArgument);
+    auto state = std::make_shared<PowerSGDState>();
+    state->matrix_approximation_rank = 0;
+    try {
+      make(state);
+      ADD_FAILURE() << "a rank of 0 was accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("matrix_approximation_rank must be >= 1 (it is 0)"), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 TEST(CommHooks, PostLocalSGDSwitchesToTheSubgroupAndTheAveragerReequalizes) {
   for_worlds({4}, [] {
     const int me = default_group()->rank();
