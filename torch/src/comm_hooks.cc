@@ -129,21 +129,42 @@ void check_state(const std::shared_ptr<PowerSGDState>& state, const char* hook) 
                                          state->matrix_approximation_rank, ")"));
 }
 
+// Error feedback: adds to x what compression lost of it last time, and returns x as it then is
+// (undefined without error feedback)...
+at::Tensor add_error(PowerSGDState& state, size_t key, at::Tensor& x) {
+  if (!state.use_error_feedback) return at::Tensor();
+  auto& e = state.error[key];
+  if (e.defined() && e.sizes() == x.sizes()) x.add_(e);
+  return x.clone();
+}
+// ... and keeps what compression lost of it this time.
+void keep_error(PowerSGDState& state, size_t key, const at::Tensor& before, const at::Tensor& after) {
+  if (state.use_error_feedback) state.error[key] = before - after;
+}
+
+// What both PowerSGD hooks do around their compression: the state checked when the hook is
+// made, plain averaging while warming up, then average(g, bucket) replaces the bucket's values
+// with their compressed average, and the iteration counts.
+template <class Average>
+CommHook powerSGD_frame(std::shared_ptr<PowerSGDState> state, const char* hook, Average average) {
+  check_state(state, hook);
+  return [state, average](GradBucket& bucket) -> FuturePtr {
+    ProcessGroup& g = group_or_default(state->group);
+    if (auto plain = plain_while_warming_up(*state, bucket, g)) return plain;
+    at::NoGradGuard no_grad;
+    average(g, bucket);
+    if (bucket.is_last()) ++state->iter;
+    return completed(bucket.buffer());
+  };
+}
+
 }  // namespace
 
 CommHook powerSGD_hook(std::shared_ptr<PowerSGDState> state) {
-  check_state(state, "powerSGD_hook");
-  return [state](GradBucket& bucket) -> FuturePtr {
-    ProcessGroup& g = group_or_default(state->group);
-    if (auto plain = plain_while_warming_up(*state, bucket, g)) return plain;
+  return powerSGD_frame(state, "powerSGD_hook", [state](ProcessGroup& g, GradBucket& bucket) {
     at::Tensor& buffer = bucket.buffer();
     const size_t key = bucket.index();
-    at::NoGradGuard no_grad;
-    if (state->use_error_feedback) {
-      auto& e = state->error[key];
-      if (e.defined() && e.sizes() == buffer.sizes()) buffer.add_(e);
-    }
-    at::Tensor input = state->use_error_feedback ? buffer.clone() : at::Tensor();
+    const at::Tensor before = add_error(*state, key, buffer);
     const int64_t r = state->matrix_approximation_rank;
     const auto& grads = bucket.gradients();
     for (size_t i = 0; i < grads.size(); ++i) {
@@ -163,38 +184,26 @@ CommHook powerSGD_hook(std::shared_ptr<PowerSGDState> state) {
       const size_t slot = key * 1000003 + i;
       matrix.copy_(low_rank_average(g, *state, state->q[slot], state->seed + slot, matrix.to(math_type(matrix)), rank));
     }
-    if (state->use_error_feedback) state->error[key] = input - buffer;
-    if (bucket.is_last()) ++state->iter;
-    return completed(buffer);
-  };
+    keep_error(*state, key, before, buffer);
+  });
 }
 
 // The whole bucket as one square-ish matrix (zero padded): one P and one Q per bucket.
 CommHook batched_powerSGD_hook(std::shared_ptr<PowerSGDState> state) {
-  check_state(state, "batched_powerSGD_hook");
-  return [state](GradBucket& bucket) -> FuturePtr {
-    ProcessGroup& g = group_or_default(state->group);
-    if (auto plain = plain_while_warming_up(*state, bucket, g)) return plain;
+  return powerSGD_frame(state, "batched_powerSGD_hook", [state](ProcessGroup& g, GradBucket& bucket) {
     at::Tensor& buffer = bucket.buffer();
     const size_t key = bucket.index();
-    at::NoGradGuard no_grad;
     const int64_t total = buffer.numel();
     const int64_t side = int64_t(std::ceil(std::sqrt(double(total))));
     at::Tensor mtx = at::zeros({side * side}, buffer.options().dtype(math_type(buffer)));
     mtx.narrow(0, 0, total).copy_(buffer);
-    if (state->use_error_feedback) {
-      auto& e = state->error[key];
-      if (e.defined() && e.numel() == side * side) mtx.add_(e);
-    }
-    at::Tensor input = state->use_error_feedback ? mtx.clone() : at::Tensor();
+    const at::Tensor before = add_error(*state, key, mtx);
     at::Tensor square = mtx.view({side, side});
     const int64_t rank = std::min<int64_t>(state->matrix_approximation_rank, side);
     square.copy_(low_rank_average(g, *state, state->q[key], state->seed + key, square, rank));
-    if (state->use_error_feedback) state->error[key] = input - mtx;
+    keep_error(*state, key, before, mtx);
     buffer.copy_(mtx.narrow(0, 0, total));
-    if (bucket.is_last()) ++state->iter;
-    return completed(buffer);
-  };
+  });
 }
 
 CommHook post_localSGD_hook(std::shared_ptr<PostLocalSGDState> state) {
