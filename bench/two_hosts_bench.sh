@@ -4,6 +4,7 @@
 # in each host, gloo between them), chorus flat on gloo, and torch's gloo with the same layout
 # (torchrun on each host). Prints one table, rank 0's median µs, and the ratios to torch.
 # Usage: bench/two_hosts_bench.sh [BUILD_DIR] [SIZES]   (root; SIZES: comma-separated bytes per rank)
+# NPROC=1 runs one rank per host (then auto runs flat, as gloo).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
@@ -14,6 +15,7 @@ source "$root/tests/netns.sh"
 netns_up
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 port=$((30000 + $$ % 10000))
+nproc=${NPROC:-2}
 
 # run NAME LAUNCHER [ENV=VALUE...] -- PROGRAM ARGS...: the launcher on both hosts (node 0 on
 # A); node A's output lands in $out/NAME.
@@ -29,7 +31,7 @@ run() {
     local ns=$A host=node-a
     ((node == 1)) && ns=$B host=node-b
     in_host $ns $host env "${envs[@]}" GLOO_SOCKET_IFNAME=${ns}v $launcher --nnodes 2 --node_rank $node \
-      --master_addr $MASTER_IP --master_port $port --nproc_per_node 2 "$@" >"$out/$name.$node" 2>&1 &
+      --master_addr $MASTER_IP --master_port $port --nproc_per_node $nproc "$@" >"$out/$name.$node" 2>&1 &
     pids+=($!)
   done
   wait ${pids[0]} && wait ${pids[1]} || { echo "FAILED: $name"; cat "$out/$name".*; exit 1; }
@@ -46,7 +48,7 @@ run flat_gloo "$chorusrun" CHORUS_BACKEND=gloo -- $bench
 run torch_gloo "/usr/bin/torchrun --redirects 1 --tee 2" -- "$root/bench/torch_all_reduce.py" "$sizes"
 
 echo
-echo "== all_reduce f32, world 4 = 2 hosts x 2 ranks, rank 0's median µs (ratio: torch gloo / that)"
+echo "== all_reduce f32, world $((2 * nproc)) = 2 hosts x $nproc ranks, rank 0's median µs (ratio: torch gloo / that)"
 /usr/bin/python3 - "$out" <<'PY'
 import sys
 out = sys.argv[1]
