@@ -6,8 +6,8 @@
 // Rank 0 makes the dataset (deterministic: 10 Gaussian classes in 64 dimensions) while the others
 // wait (rank_zero_first), then broadcasts it; every rank trains on its own shard with gradients
 // averaged by DistributedDataParallel; evaluation gathers the predictions and reduces the metrics
-// across ranks; rank 0 alone writes the checkpoint and prints progress and the summary. Last, the
-// ranks check that their parameters are identical, bit for bit.
+// across ranks; rank 0 alone writes the checkpoint and prints progress and the summary. After
+// training, the ranks also check that their parameters are identical, bit for bit.
 #include <chorus/chorus.h>
 #include <torch/torch.h>
 
