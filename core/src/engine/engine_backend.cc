@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -139,7 +140,10 @@ class EngineBackend : public Backend {
       lock.unlock();
       try {
         store_.add(beat_key(rank_), 1);
-        if (left_before_this_call()) engine_->interrupt();
+        // A rank that left before the collective this rank is in will never join it: an engine
+        // that does not notice by itself (MPI) is interrupted.
+        const uint64_t call = in_call_.load(std::memory_order_acquire);
+        if (call && engine_->can_interrupt() && !left_before(call).empty()) engine_->interrupt();
         if (!peer_abort_ && store_.check({"abort"})) {
           auto record = decode(store_.get("abort"));
           if (record && record->from != rank_) {
@@ -158,20 +162,21 @@ class EngineBackend : public Backend {
     }
   }
 
-  // Whether a rank left the group (destroyed its communicator) before the collective this rank
-  // is in: then the call cannot complete, and an engine that does not notice by itself (MPI)
-  // is interrupted. A rank that left after finishing it does not count: the others may still
-  // be finishing it too. Reads each leaver's key once.
-  bool left_before_this_call() {
-    const uint64_t call = in_call_.load(std::memory_order_acquire);
-    if (call == 0 || !engine_->can_interrupt()) return false;
+  // The ranks that left the group (destroyed their communicator) having made fewer than `call`
+  // collectives: they will never take part in collective number `call`. A rank that left after
+  // finishing it does not count, as the others may still be finishing it too. The leavers'
+  // counter says when to look; each leaver's key is read once, by whichever thread asks first
+  // (the watchdog, or a call that failed).
+  std::vector<int> left_before(uint64_t call) {
+    std::lock_guard<std::mutex> lock(left_mu_);
     if (store_.add("left", 0) > int64_t(left_.size()))
       for (int r = 0; r < size_; ++r)
         if (r != rank_ && !left_.count(r) && store_.check({detail::concat("left/", r)}))
           left_[r] = std::stoull(store_.get(detail::concat("left/", r)));
+    std::vector<int> out;
     for (const auto& [r, finished] : left_)
-      if (finished < call) return true;
-    return false;
+      if (finished < call) out.push_back(r);
+    return out;
   }
 
   std::optional<AbortRecord> peer_abort() {
@@ -194,15 +199,17 @@ class EngineBackend : public Backend {
     }
     if (auto r = peer_abort()) from_record(*r, what);
     if (Clock::now() >= c.deadline) timed_out(c, what);
-    for (int r = 0; r < size_; ++r) {
-      try {
-        if (r != rank_ && store_.check({detail::concat("left/", r)}))
-          throw PeerFailure(detail::concat("rank ", r, " left group '", group_,
-                                           "' (its communicator was destroyed) while rank ", rank_, " was in ", what),
-                            r);
-      } catch (const StoreError&) {
-      }
+    // The ranks the watchdog interrupts for (for point to point, any that left).
+    const bool p2p = c.kind == OpKind::Send || c.kind == OpKind::Recv;
+    std::vector<int> left;
+    try {
+      left = left_before(p2p ? UINT64_MAX : calls_);
+    } catch (const StoreError&) {
     }
+    if (!left.empty())
+      throw PeerFailure(detail::concat("rank ", left.front(), " left group '", group_,
+                                       "' (its communicator was destroyed) while rank ", rank_, " was in ", what),
+                        left.front());
     std::vector<int> dead = stopped_beating();
     if (auto r = peer_abort()) from_record(*r, what);
     if (dead.empty())
@@ -465,7 +472,8 @@ class EngineBackend : public Backend {
   std::thread watchdog_;
   std::atomic<bool> peer_abort_{false};
   std::atomic<uint64_t> in_call_{0};  // the collective in progress (its number), or 0
-  std::map<int, uint64_t> left_;      // watchdog's: ranks that left, and how many calls they had made
+  std::mutex left_mu_;
+  std::map<int, uint64_t> left_;      // ranks that left, and how many collectives they had made
   std::mutex record_mu_;
   AbortRecord record_;
 };
