@@ -2,6 +2,8 @@
 
 #include <time.h>
 
+#include <algorithm>
+
 #include "chorus/core/error.h"
 
 namespace chorus {
@@ -10,6 +12,11 @@ Clock::time_point coarse_now() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);  // the same clock as steady_clock, at tick resolution
   return Clock::time_point(std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec));
+}
+
+std::chrono::milliseconds left_until(Clock::time_point deadline) {
+  return std::max(std::chrono::milliseconds(1),
+                  std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()));
 }
 
 std::string_view to_string(OpKind kind) {

@@ -24,6 +24,9 @@ using Clock = std::chrono::steady_clock;
 // enough for deadlines.
 Clock::time_point coarse_now();
 
+// The time left until `deadline`, at least 1 ms: what a call passes on to the step it waits in.
+std::chrono::milliseconds left_until(Clock::time_point deadline);
+
 struct Call {
   OpKind kind = OpKind::Barrier;
   DataType dtype = DataType::UInt8;

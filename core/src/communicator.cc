@@ -126,8 +126,7 @@ std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store,
 // skips its own check (Call::checked).
 void Communicator::build_hierarchy() {
   std::vector<std::string> distinct;
-  std::vector<int> node_of, local_of;
-  std::vector<std::vector<int>> members;
+  std::vector<std::vector<int>> members;  // each host's ranks, in rank order
   for (int r = 0; r < size_; ++r) {
     auto it = std::find(distinct.begin(), distinct.end(), hosts_[size_t(r)]);
     if (it == distinct.end()) {
@@ -135,9 +134,7 @@ void Communicator::build_hierarchy() {
       members.emplace_back();
       it = distinct.end() - 1;
     }
-    node_of.push_back(int(it - distinct.begin()));
-    local_of.push_back(int(members[size_t(node_of.back())].size()));
-    members[size_t(node_of.back())].push_back(r);
+    members[size_t(it - distinct.begin())].push_back(r);
   }
   const size_t per_host = members.front().size();
   const bool even = std::all_of(members.begin(), members.end(), [&](const auto& m) { return m.size() == per_host; });
@@ -174,7 +171,7 @@ void Communicator::hierarchical_all_reduce(Call& c, Timeout timeout) {
   check.check_only = true;
   execute(check, timeout);
   const auto deadline = Clock::now() + timeout.value_or(options_.timeout);
-  auto left = [&] { return std::max(std::chrono::milliseconds(1), std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now())); };
+  auto left = [&] { return left_until(deadline); };
   // Each local rank's slice; the last count % L elements (fewer than L) go flat afterwards, so
   // that the steps read the input and write the output in place, without staging copies.
   const size_t es = element_size(c.dtype), L = size_t(node_->size());

@@ -62,10 +62,6 @@ std::optional<AbortRecord> decode(const std::string& s) {
   return r;
 }
 
-Millis left_until(Clock::time_point deadline) {
-  return std::max(1ms, std::chrono::ceil<Millis>(deadline - Clock::now()));
-}
-
 bool is_half(DataType dt) { return dt == DataType::Float16 || dt == DataType::BFloat16; }
 
 // 16-bit floats reduce in f32 on this path: widened on the way in, rounded once on the way out.
