@@ -112,6 +112,20 @@ TEST_P(PointToPoint, RingOfEverySize) {
   }, options()));
 }
 
+// The harness itself, in both of its modes (forked ranks, and processes of an mpirun job): a rank
+// that throws is reported with its message, the others as fine.
+class Harness : public BackendTest {};
+TEST_P(Harness, ARankThatThrowsIsReportedWithItsMessage) {
+  auto results = run_ranks(2, [](RankContext& ctx) {
+    if (ctx.rank == 1) throw std::runtime_error("rank 1 gave up on purpose");
+  });
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_EQ(results[0].exit_code, 0) << results[0].report;
+  EXPECT_EQ(results[1].exit_code, 1);
+  EXPECT_EQ(results[1].report, "rank 1 gave up on purpose");
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Harness, ::testing::ValuesIn(test_backends()), backend_param_name);
 INSTANTIATE_TEST_SUITE_P(Backends, Groups, ::testing::ValuesIn(test_backends()),
                          backend_param_name);
 INSTANTIATE_TEST_SUITE_P(Backends, Async, ::testing::ValuesIn(test_backends()),

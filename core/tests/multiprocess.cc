@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -21,6 +22,19 @@
 namespace chorus::test {
 
 namespace {
+
+// Runs one rank's body on the context make() gives: nothing when it returned, or what either
+// threw.
+template <class MakeContext>
+std::optional<std::string> run_body(const std::function<void(RankContext&)>& body, MakeContext make) {
+  try {
+    RankContext ctx = make();
+    body(ctx);
+    return std::nullopt;
+  } catch (const std::exception& e) {
+    return std::string(e.what());
+  }
+}
 
 // Note [Suites under mpirun]: MPI ranks cannot be forked, so `mpirun -np N <test binary>` runs
 // the suites on the mpi backend the other way round: every process of the job runs the same
@@ -93,19 +107,13 @@ std::vector<RankResult> run_ranks_in_job(MpiJob& job, int world, const std::func
                                             " or more (the job has ", job.size, ")"));
   auto store = std::make_shared<PrefixStore>(detail::concat("run/", ++job.runs, "/"), job.store);
   if (job.rank < world) {
-    int code = 0;
-    std::string report;
+    std::optional<std::string> failure;
     {
       HangGuard guard(limit, job.rank);
-      try {
-        RankContext ctx{job.rank, world, store, job.port};
-        body(ctx);
-      } catch (const std::exception& e) {
-        report = e.what();
-        code = 1;
-      }
+      failure = run_body(body, [&] { return RankContext{job.rank, world, store, job.port}; });
     }
-    store->set(detail::concat("result/", job.rank), detail::concat(code, " ", getpid(), " ", report));
+    store->set(detail::concat("result/", job.rank),
+               detail::concat(failure ? 1 : 0, " ", getpid(), " ", failure.value_or("")));
   }
   std::vector<std::string> keys;
   for (int r = 0; r < world; ++r) keys.push_back(detail::concat("result/", r));
@@ -148,19 +156,13 @@ std::vector<RankResult> run_ranks(int world, const std::function<void(RankContex
     pid_t pid = fork();
     if (pid == 0) {
       close(fds[0]);
-      std::string report;
-      int code = 0;
-      try {
-        RankContext ctx{r, world, std::make_shared<TcpStore>("127.0.0.1", port, std::chrono::seconds(60)), port};
-        body(ctx);
-      } catch (const std::exception& e) {
-        report = e.what();
-        code = 1;
-      }
-      if (!report.empty()) (void)!write(fds[1], report.data(), report.size());
+      const auto failure = run_body(body, [&] {
+        return RankContext{r, world, std::make_shared<TcpStore>("127.0.0.1", port, std::chrono::seconds(60)), port};
+      });
+      if (failure && !failure->empty()) (void)!write(fds[1], failure->data(), failure->size());
       close(fds[1]);
       std::fflush(nullptr);
-      _exit(code);
+      _exit(failure ? 1 : 0);
     }
     close(fds[1]);
     pids.push_back(pid);
