@@ -2,6 +2,7 @@
 // exact in every dtype, so sums over the ranks are exact and checkable element by element.
 #include "bench_ops.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
 #include <memory>
@@ -9,6 +10,19 @@
 #include "chorus/core/error.h"
 
 namespace chorus::bench {
+
+void Bytes::resize(size_t n) {
+  if (symmetric_) {
+    mem_ = symmetric_->alloc_symmetric(n);
+    return;
+  }
+  constexpr std::align_val_t kAlign{64};
+  std::shared_ptr<void> owner(::operator new(std::max<size_t>(n, 1), kAlign),
+                              [kAlign](void* p) { ::operator delete(p, kAlign); });
+  std::memset(owner.get(), 0, n);
+  mem_ = SymmetricMemory(owner, owner.get(), n);
+}
+
 namespace {
 
 // Element i of a dtype buffer set to the small integer k.
@@ -46,7 +60,7 @@ int summed(DataType dt, size_t i, int iter, int world) {
 
 std::string wrong(size_t i, const char* what) { return detail::concat("element ", i, " of ", what, " is wrong"); }
 
-void fill_with(DataType dt, std::vector<uint8_t>& buf, size_t count, int who, int iter, size_t offset = 0) {
+void fill_with(DataType dt, Bytes& buf, size_t count, int who, int iter, size_t offset = 0) {
   for (size_t i = 0; i < count; ++i) put(dt, buf.data(), offset + i, v(who, i, iter));
 }
 

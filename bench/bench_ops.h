@@ -10,8 +10,24 @@
 
 namespace chorus::bench {
 
+// One buffer of a benchmarked call: ordinary memory on 64-byte boundaries (as torch's CPU
+// allocator gives tensors), or the group's symmetric memory (--symmetric; Note [Symmetric memory]).
+class Bytes {
+ public:
+  explicit Bytes(Communicator* symmetric) : symmetric_(symmetric) {}
+  uint8_t* data() const { return static_cast<uint8_t*>(mem_.data()); }
+  size_t size() const { return mem_.size(); }
+  // n zero bytes. With symmetric memory this is collective: every rank resizes alike.
+  void resize(size_t n);
+
+ private:
+  Communicator* symmetric_;
+  SymmetricMemory mem_;
+};
+
 struct Buffers {
-  std::vector<uint8_t> in, out;
+  explicit Buffers(Communicator* symmetric) : in(symmetric), out(symmetric) {}
+  Bytes in, out;
 };
 
 struct BenchOp {

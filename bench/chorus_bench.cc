@@ -37,6 +37,7 @@ struct Options {
   size_t chunk_bytes = 0;
   bool check = true;
   bool csv = false;
+  bool symmetric = false;
 };
 
 size_t parse_size(const std::string& s) {
@@ -98,8 +99,8 @@ int worker(const Options& o) {
   for (auto& op : ops) by_name[op->name] = op.get();
 
   if (rank == 0) {
-    std::printf("# chorus-bench: %d ranks, backend %s, dtype %s, rank 0's times\n", world,
-                comm->backend_name().c_str(), o.dtype.c_str());
+    std::printf("# chorus-bench: %d ranks, backend %s, dtype %s, %s buffers, rank 0's times\n", world,
+                comm->backend_name().c_str(), o.dtype.c_str(), o.symmetric ? "symmetric" : "ordinary");
     if (o.csv) std::printf("op,bytes,median_us,p95_us,algbw_GBps,busbw_GBps,check\n");
     else std::printf("%-14s %12s %12s %12s %10s %10s %6s\n", "op", "bytes", "median_us", "p95_us", "algbw_GBps",
                      "busbw_GBps", "check");
@@ -139,7 +140,7 @@ int worker(const Options& o) {
     if (name == "send_recv" && world < 2) continue;
     for (size_t bytes : sizes) {
       const size_t count = op.count_for(bytes, dt, world);
-      Buffers b;
+      Buffers b(o.symmetric ? comm.get() : nullptr);
       op.allocate(b, count, dt, world);
       const int iters = o.iters ? o.iters : default_iters(bytes);
       std::vector<double> us;
@@ -210,6 +211,8 @@ int main(int argc, char** argv) {
   app.add_option("--chunk-bytes", o.chunk_bytes, "shared-memory slot size (default: CHORUS_SHM_CHUNK_BYTES or 512K)");
   app.add_flag("!--no-check", o.check, "skip verifying results");
   app.add_flag("--csv", o.csv, "CSV output");
+  app.add_flag("--symmetric", o.symmetric,
+               "buffers in the group's symmetric memory (Communicator::alloc_symmetric) instead of ordinary memory");
   CLI11_PARSE(app, argc, argv);
   try {
     const bool launched = chorus::Environment::detect().launcher != chorus::Launcher::Single;

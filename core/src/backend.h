@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "call.h"
+#include "chorus/core/communicator.h"
 
 namespace chorus {
 
@@ -24,7 +25,14 @@ class Backend {
   virtual void run(const Call& call) = 0;
   // Marks this rank as gone for its peers, so they fail fast instead of waiting.
   virtual void abort(const std::exception_ptr& cause) = 0;
+  // Runs an AllocSymmetric call (count = bytes): Note [Symmetric memory]. This default checks the
+  // call with the other ranks and returns ordinary memory; a backend that can share buffers
+  // between the ranks overrides it.
+  virtual SymmetricMemory alloc_symmetric(const Call& call);
 };
+
+// Ordinary, zero-filled, 64-byte aligned memory behind a SymmetricMemory handle.
+SymmetricMemory private_memory(size_t bytes);
 
 struct BackendOptions {
   std::string group_name;

@@ -36,6 +36,7 @@ std::string_view to_string(OpKind kind) {
     case OpKind::Send: return "send";
     case OpKind::Recv: return "recv";
     case OpKind::Split: return "split";
+    case OpKind::AllocSymmetric: return "alloc_symmetric";
   }
   return "unknown call";
 }
@@ -45,6 +46,7 @@ std::string describe(OpKind kind, DataType dtype, ReduceOp op, int root, uint64_
   switch (kind) {
     case OpKind::Barrier: return s + "()";
     case OpKind::Split: return detail::concat(s, "(", count, " ranks)");
+    case OpKind::AllocSymmetric: return detail::concat(s, "(", count, " bytes)");
     default: break;
   }
   s += detail::concat("(", to_string(dtype));

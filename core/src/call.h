@@ -14,7 +14,7 @@ namespace chorus {
 
 enum class OpKind : uint8_t {
   Barrier = 1, AllReduce, Broadcast, Reduce, AllGather, AllGatherV, Gather, GatherV, Scatter,
-  ReduceScatter, AllToAll, AllToAllV, Send, Recv, Split,
+  ReduceScatter, AllToAll, AllToAllV, Send, Recv, Split, AllocSymmetric,
 };
 std::string_view to_string(OpKind kind);
 

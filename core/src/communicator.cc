@@ -29,6 +29,21 @@ std::vector<std::string> available_backends() {
   return v;
 }
 
+SymmetricMemory private_memory(size_t bytes) {
+  if (bytes == 0) return {};
+  constexpr std::align_val_t kAlign{64};
+  std::shared_ptr<void> owner(::operator new(bytes, kAlign), [kAlign](void* p) { ::operator delete(p, kAlign); });
+  std::memset(owner.get(), 0, bytes);
+  return SymmetricMemory(owner, owner.get(), bytes);
+}
+
+SymmetricMemory Backend::alloc_symmetric(const Call& call) {
+  Call check = call;
+  check.check_only = true;
+  run(check);
+  return private_memory(size_t(call.count));
+}
+
 namespace {
 
 std::string host_identity() {
@@ -320,6 +335,10 @@ void Communicator::run(Call& call, Timeout timeout) {
 }
 
 void Communicator::execute(Call& call, Timeout timeout) {
+  execute_with(call, timeout, [&] { backend_->run(call); });
+}
+
+void Communicator::execute_with(Call& call, Timeout timeout, const std::function<void()>& body) {
   if (aborted_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(state_mu_);
     std::rethrow_exception(failed_);
@@ -327,7 +346,7 @@ void Communicator::execute(Call& call, Timeout timeout) {
   call.start = coarse_now();
   call.deadline = call.start + timeout.value_or(options_.timeout);
   try {
-    backend_->run(call);
+    body();
   } catch (const InvalidArgument&) {
     throw;
   } catch (const Error&) {
@@ -539,6 +558,15 @@ void Communicator::recv(void* buf, size_t count, DataType dtype, int src, int ta
 void Communicator::barrier(Timeout timeout) {
   Call c = make(OpKind::Barrier, DataType::UInt8, 0);
   run(c, timeout);
+}
+
+SymmetricMemory Communicator::alloc_symmetric(size_t bytes, Timeout timeout) {
+  Call c = make(OpKind::AllocSymmetric, DataType::UInt8, bytes);
+  drain();
+  std::lock_guard<std::mutex> lock(call_mu_);
+  SymmetricMemory made;
+  execute_with(c, timeout, [&] { made = backend_->alloc_symmetric(c); });
+  return made;
 }
 
 void Communicator::reject(const std::string& operation, const std::string& why, Timeout timeout) {

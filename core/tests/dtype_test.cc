@@ -67,24 +67,42 @@ TEST(BFloat16Conversion, MatchesNearestEven) {
   EXPECT_EQ(reduce::bf16_to_float(0x3f80), 1.0f);
 }
 
-// The vector and scalar kernel builds agree bit for bit, for every dtype and op.
+// The vector and scalar kernel builds agree bit for bit, for every dtype and op, and a second
+// destination (reduce::Copy, streamed or not, at any alignment) receives the same bits.
 TEST(ReduceKernels, IsaBuildsAgree) {
   __builtin_cpu_init();
   if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("f16c")) GTEST_SKIP() << "no AVX2/F16C here";
+  using Fn = void (*)(DataType, ReduceOp, const void* const*, int, void*, size_t, reduce::Copy);
+  std::vector<std::pair<const char*, Fn>> builds{{"avx2", &reduce::reduce_avx2}};
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"))
+    builds.emplace_back("avx512", &reduce::reduce_avx512);
   for (DataType dt : kAllDataTypes)
     for (ReduceOp op : kAllReduceOps) {
       if (!reduce_op_problem(dt, op).empty()) continue;
-      const size_t n = 1031;
+      const size_t n = 3100;  // several kernel blocks and a ragged tail
       std::vector<std::vector<uint8_t>> in;
       std::vector<const void*> srcs;
       for (int p = 0; p < 3; ++p) {
         in.push_back(test::make_buffer(dt, n, [&](size_t i) { return test::value(dt, op, p, i, 11) / 3.0 * (i % 2 ? 1 : 7); }));
         srcs.push_back(in.back().data());
       }
-      std::vector<uint8_t> a(n * element_size(dt)), b(a.size());
-      reduce::reduce_generic(dt, op, srcs.data(), 3, a.data(), n);
-      reduce::reduce_avx2(dt, op, srcs.data(), 3, b.data(), n);
-      EXPECT_EQ(a, b) << to_string(dt) << " " << to_string(op);
+      const size_t bytes = n * element_size(dt);
+      std::vector<uint8_t> want(bytes);
+      reduce::reduce_generic(dt, op, srcs.data(), 3, want.data(), n, {});
+      for (auto [name, fn] : builds)
+        for (size_t shift : {size_t(0), size_t(8), size_t(1)})  // the copy's alignment
+          for (bool stream : {false, true}) {
+            const std::string what = detail::concat(to_string(dt), " ", to_string(op), " ", name, " copy at +",
+                                                    shift, stream ? " streamed" : "");
+            std::vector<uint8_t> got(bytes), copy(bytes + 128);
+            uint8_t* to = copy.data() + (64 - reinterpret_cast<uintptr_t>(copy.data()) % 64) % 64 + shift;
+            fn(dt, op, srcs.data(), 3, got.data(), n, {to, stream});
+            EXPECT_EQ(got, want) << what;
+            EXPECT_EQ(std::vector<uint8_t>(to, to + bytes), want) << what;
+          }
+      std::vector<uint8_t> plain(bytes);
+      reduce::reduce_avx2(dt, op, srcs.data(), 3, plain.data(), n, {});
+      EXPECT_EQ(plain, want) << to_string(dt) << " " << to_string(op) << " avx2 without a copy";
     }
 }
 

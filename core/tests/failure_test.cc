@@ -114,6 +114,10 @@ TEST_P(Failure, MismatchedCallsRaiseOnEveryRankShowingEachCall) {
       {"uneven counts", [](C& c, auto& b) { c.all_gather_v(b.data(), b.data() + 1000, {1, 2, 3}, DataType::Float32); },
        [](C& c, auto& b) { c.all_gather_v(b.data(), b.data() + 1000, {1, 5, 3}, DataType::Float32); },
        "counts [1, 2, 3]", "counts [1, 5, 3]"},
+      {"symmetric sizes", [](C& c, auto&) { c.alloc_symmetric(4096); }, [](C& c, auto&) { c.alloc_symmetric(8192); },
+       "alloc_symmetric(4096 bytes)", "alloc_symmetric(8192 bytes)"},
+      {"symmetric against a barrier", [](C& c, auto&) { c.alloc_symmetric(4096); }, [](C& c, auto&) { c.barrier(); },
+       "alloc_symmetric(4096 bytes)", "barrier()"},
   };
   for (const auto& mc : cases) {
     auto results = run_ranks(3, [&](RankContext& ctx) {

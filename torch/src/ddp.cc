@@ -14,6 +14,9 @@
 // autograd accumulates straight into the bucket and the default all-reduce reduces in place, so
 // a step copies no gradient. A .grad that was replaced (set to None and re-created by autograd,
 // say) is copied into its slot once and pointed back at it.
+//
+// CPU buckets live in the group's symmetric memory (Note [Symmetric memory]): on one host each
+// bucket's all-reduce then moves gradients straight between the ranks' buckets, without staging.
 #include "chorus/ddp.h"
 
 #include <torch/csrc/autograd/engine.h>
@@ -68,6 +71,15 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
 };
 
 namespace {
+
+// A zeroed flat bucket; in symmetric memory when it is on the CPU. Collective over the group:
+// every rank builds the same buckets in the same order.
+at::Tensor bucket_buffer(ProcessGroup& group, int64_t numel, const at::TensorOptions& options) {
+  if (!options.device().is_cpu() || numel == 0) return at::zeros({numel}, options);
+  SymmetricMemory mem = group.communicator().alloc_symmetric(size_t(numel) * options.dtype().itemsize());
+  void* data = mem.data();
+  return torch::from_blob(data, {numel}, [mem = std::move(mem)](void*) {}, options);
+}
 
 struct ReadyHook : torch::autograd::FunctionPostHook {
   ReadyHook(std::weak_ptr<DistributedDataParallel::Reducer> r, size_t i) : reducer(std::move(r)), index(i) {}
@@ -226,7 +238,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     b.params = idx;
     int64_t total = 0;
     for (size_t i : idx) total += r.params[i].numel();
-    b.buffer = at::zeros({total}, r.params[idx[0]].options().requires_grad(false));
+    b.buffer = bucket_buffer(*group_, total, r.params[idx[0]].options().requires_grad(false));
     int64_t off = 0;
     for (size_t s = 0; s < idx.size(); ++s) {
       const at::Tensor& p = r.params[idx[s]];

@@ -368,7 +368,8 @@ class EngineBackend : public Backend {
     };
     switch (c.kind) {
       case OpKind::Barrier:
-      case OpKind::Split: return engine_->barrier(left);
+      case OpKind::Split:
+      case OpKind::AllocSymmetric: return engine_->barrier(left);
       case OpKind::AllReduce:
       case OpKind::Reduce:
       case OpKind::ReduceScatter:

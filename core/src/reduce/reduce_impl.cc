@@ -2,7 +2,8 @@
 //
 // Work goes in blocks of kBlock elements that stay in L1, each source folded in, in source
 // order, so n sources cost n reads and one write per element, and the plain loops vectorize.
-// f16/bf16 are widened to f32 on load and rounded once on store.
+// f16/bf16 are widened to f32 on load and rounded once on store. A block that also goes to a
+// second destination (Copy) is finished in a staging buffer and written to both in one loop.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -10,7 +11,7 @@
 
 #include "reduce/half.h"
 #include "reduce/reduce_kernels.h"
-#if defined(__F16C__)
+#if defined(__F16C__) || defined(__SSE2__)
 #include <immintrin.h>
 #endif
 
@@ -18,6 +19,53 @@ namespace chorus::reduce {
 namespace {
 
 constexpr size_t kBlock = 1024;
+
+// Writes a finished block (n bytes at src, in L1) to dst and to `to`, in one pass.
+void write_both(uint8_t* __restrict dst, uint8_t* __restrict to, const uint8_t* __restrict src, size_t n,
+                bool stream) {
+  size_t i = 0;
+#if defined(__SSE2__)
+  if (stream) {
+#if defined(__AVX512F__)
+    using Vec = __m512i;
+#elif defined(__AVX2__)
+    using Vec = __m256i;
+#else
+    using Vec = __m128i;
+#endif
+    constexpr size_t kVec = sizeof(Vec);
+    i = std::min(n, (kVec - reinterpret_cast<uintptr_t>(to) % kVec) % kVec);  // until `to` is aligned
+    std::memcpy(dst, src, i);
+    std::memcpy(to, src, i);
+    for (; i + kVec <= n; i += kVec) {
+#if defined(__AVX512F__)
+      const Vec v = _mm512_loadu_si512(src + i);
+      _mm512_storeu_si512(dst + i, v);
+      _mm512_stream_si512(reinterpret_cast<Vec*>(to + i), v);
+#elif defined(__AVX2__)
+      const Vec v = _mm256_loadu_si256(reinterpret_cast<const Vec*>(src + i));
+      _mm256_storeu_si256(reinterpret_cast<Vec*>(dst + i), v);
+      _mm256_stream_si256(reinterpret_cast<Vec*>(to + i), v);
+#else
+      const Vec v = _mm_loadu_si128(reinterpret_cast<const Vec*>(src + i));
+      _mm_storeu_si128(reinterpret_cast<Vec*>(dst + i), v);
+      _mm_stream_si128(reinterpret_cast<Vec*>(to + i), v);
+#endif
+    }
+  }
+#endif
+  std::memcpy(dst + i, src + i, n - i);
+  std::memcpy(to + i, src + i, n - i);
+}
+
+// After the last block: streaming stores are weakly ordered, finish them before anything else.
+void finish_copy(const Copy& copy) {
+#if defined(__SSE2__)
+  if (copy.to && copy.stream) _mm_sfence();
+#else
+  (void)copy;
+#endif
+}
 
 template <class T>
 using Wide = std::conditional_t<(sizeof(T) < 4), uint32_t, std::make_unsigned_t<T>>;
@@ -60,12 +108,12 @@ struct Xor {
 
 // Same-type fold, block by block. The first two sources are combined straight into the
 // destination (one pass, no staging), later sources fold into it while the block is in L1.
-// Only when the destination is also a later source (its block would be overwritten before it is
-// read) does the block go through a staging buffer.
+// The block goes through a staging buffer only when the destination is also a later source (its
+// block would be overwritten before it is read), or when it also goes to copy.to.
 template <class T, template <class> class Op>
-void fold_plain(const void* const* srcs, int n, void* dst_v, size_t count, bool mean) {
+void fold_plain(const void* const* srcs, int n, void* dst_v, size_t count, bool mean, const Copy& copy) {
   T* dst = static_cast<T*>(dst_v);
-  bool staged = false;
+  bool staged = copy.to != nullptr;
   for (int p = 2; p < n; ++p) staged = staged || srcs[p] == dst_v;
   alignas(64) T stage[kBlock];
   for (size_t base = 0; base < count; base += kBlock) {
@@ -88,8 +136,13 @@ void fold_plain(const void* const* srcs, int n, void* dst_v, size_t count, bool 
         for (size_t i = 0; i < m; ++i) out[i] /= div;
       }
     }
-    if (staged) std::memcpy(dst + base, stage, m * sizeof(T));
+    if (copy.to)
+      write_both(reinterpret_cast<uint8_t*>(dst + base), static_cast<uint8_t*>(copy.to) + base * sizeof(T),
+                 reinterpret_cast<const uint8_t*>(stage), m * sizeof(T), copy.stream);
+    else if (staged)
+      std::memcpy(dst + base, stage, m * sizeof(T));
   }
+  finish_copy(copy);
 }
 
 void load_f16(float* __restrict out, const uint16_t* __restrict in, size_t m) {
@@ -118,10 +171,11 @@ void store_bf16(uint16_t* __restrict out, const float* __restrict in, size_t m) 
 
 // 16-bit float fold: widen to f32, fold, round once.
 template <template <class> class Op, bool kBf16>
-void fold_half(const void* const* srcs, int n, void* dst_v, size_t count, bool mean) {
+void fold_half(const void* const* srcs, int n, void* dst_v, size_t count, bool mean, const Copy& copy) {
   uint16_t* dst = static_cast<uint16_t*>(dst_v);
   alignas(64) float acc[kBlock];
   alignas(64) float tmp[kBlock];
+  alignas(64) uint16_t stage[kBlock];
   auto load = kBf16 ? &load_bf16 : &load_f16;
   for (size_t base = 0; base < count; base += kBlock) {
     const size_t m = std::min(kBlock, count - base);
@@ -134,71 +188,77 @@ void fold_half(const void* const* srcs, int n, void* dst_v, size_t count, bool m
       const float div = float(n);
       for (size_t i = 0; i < m; ++i) acc[i] /= div;
     }
-    if constexpr (kBf16) store_bf16(dst + base, acc, m);
-    else store_f16(dst + base, acc, m);
+    uint16_t* out = copy.to ? stage : dst + base;
+    if constexpr (kBf16) store_bf16(out, acc, m);
+    else store_f16(out, acc, m);
+    if (copy.to)
+      write_both(reinterpret_cast<uint8_t*>(dst + base), static_cast<uint8_t*>(copy.to) + base * 2,
+                 reinterpret_cast<const uint8_t*>(stage), m * 2, copy.stream);
   }
+  finish_copy(copy);
 }
 
 template <class T>
-void dispatch_plain(ReduceOp op, const void* const* srcs, int n, void* dst, size_t count) {
+void dispatch_plain(ReduceOp op, const void* const* srcs, int n, void* dst, size_t count, const Copy& copy) {
   switch (op) {
-    case ReduceOp::Sum: return fold_plain<T, Sum>(srcs, n, dst, count, false);
-    case ReduceOp::Mean: return fold_plain<T, Sum>(srcs, n, dst, count, true);
-    case ReduceOp::Product: return fold_plain<T, Prod>(srcs, n, dst, count, false);
-    case ReduceOp::Min: return fold_plain<T, Min>(srcs, n, dst, count, false);
-    case ReduceOp::Max: return fold_plain<T, Max>(srcs, n, dst, count, false);
+    case ReduceOp::Sum: return fold_plain<T, Sum>(srcs, n, dst, count, false, copy);
+    case ReduceOp::Mean: return fold_plain<T, Sum>(srcs, n, dst, count, true, copy);
+    case ReduceOp::Product: return fold_plain<T, Prod>(srcs, n, dst, count, false, copy);
+    case ReduceOp::Min: return fold_plain<T, Min>(srcs, n, dst, count, false, copy);
+    case ReduceOp::Max: return fold_plain<T, Max>(srcs, n, dst, count, false, copy);
     case ReduceOp::BitwiseAnd:
-      if constexpr (std::is_integral_v<T>) return fold_plain<T, And>(srcs, n, dst, count, false);
+      if constexpr (std::is_integral_v<T>) return fold_plain<T, And>(srcs, n, dst, count, false, copy);
       break;
     case ReduceOp::BitwiseOr:
-      if constexpr (std::is_integral_v<T>) return fold_plain<T, Or>(srcs, n, dst, count, false);
+      if constexpr (std::is_integral_v<T>) return fold_plain<T, Or>(srcs, n, dst, count, false, copy);
       break;
     case ReduceOp::BitwiseXor:
-      if constexpr (std::is_integral_v<T>) return fold_plain<T, Xor>(srcs, n, dst, count, false);
+      if constexpr (std::is_integral_v<T>) return fold_plain<T, Xor>(srcs, n, dst, count, false, copy);
       break;
   }
 }
 
 template <bool kBf16>
-void dispatch_half(ReduceOp op, const void* const* srcs, int n, void* dst, size_t count) {
+void dispatch_half(ReduceOp op, const void* const* srcs, int n, void* dst, size_t count, const Copy& copy) {
   switch (op) {
-    case ReduceOp::Sum: return fold_half<Sum, kBf16>(srcs, n, dst, count, false);
-    case ReduceOp::Mean: return fold_half<Sum, kBf16>(srcs, n, dst, count, true);
-    case ReduceOp::Product: return fold_half<Prod, kBf16>(srcs, n, dst, count, false);
-    case ReduceOp::Min: return fold_half<Min, kBf16>(srcs, n, dst, count, false);
-    case ReduceOp::Max: return fold_half<Max, kBf16>(srcs, n, dst, count, false);
+    case ReduceOp::Sum: return fold_half<Sum, kBf16>(srcs, n, dst, count, false, copy);
+    case ReduceOp::Mean: return fold_half<Sum, kBf16>(srcs, n, dst, count, true, copy);
+    case ReduceOp::Product: return fold_half<Prod, kBf16>(srcs, n, dst, count, false, copy);
+    case ReduceOp::Min: return fold_half<Min, kBf16>(srcs, n, dst, count, false, copy);
+    case ReduceOp::Max: return fold_half<Max, kBf16>(srcs, n, dst, count, false, copy);
     default: return;
   }
 }
 
 // Bools are bytes holding 0 or 1: or-like and and-like ops keep them so.
-void dispatch_bool(ReduceOp op, const void* const* srcs, int n, void* dst, size_t count) {
+void dispatch_bool(ReduceOp op, const void* const* srcs, int n, void* dst, size_t count, const Copy& copy) {
   switch (op) {
     case ReduceOp::Sum:
     case ReduceOp::Max:
-    case ReduceOp::BitwiseOr: return fold_plain<uint8_t, Or>(srcs, n, dst, count, false);
+    case ReduceOp::BitwiseOr: return fold_plain<uint8_t, Or>(srcs, n, dst, count, false, copy);
     case ReduceOp::Product:
     case ReduceOp::Min:
-    case ReduceOp::BitwiseAnd: return fold_plain<uint8_t, And>(srcs, n, dst, count, false);
-    case ReduceOp::BitwiseXor: return fold_plain<uint8_t, Xor>(srcs, n, dst, count, false);
+    case ReduceOp::BitwiseAnd: return fold_plain<uint8_t, And>(srcs, n, dst, count, false, copy);
+    case ReduceOp::BitwiseXor: return fold_plain<uint8_t, Xor>(srcs, n, dst, count, false, copy);
     case ReduceOp::Mean: return;
   }
 }
 
 }  // namespace
 
-void CHORUS_REDUCE_FN(DataType dtype, ReduceOp op, const void* const* srcs, int n, void* dst, size_t count) {
+void CHORUS_REDUCE_FN(DataType dtype, ReduceOp op, const void* const* srcs, int n, void* dst, size_t count,
+                      Copy copy) {
   switch (dtype) {
-    case DataType::Float32: return dispatch_plain<float>(op, srcs, n, dst, count);
-    case DataType::Float64: return dispatch_plain<double>(op, srcs, n, dst, count);
-    case DataType::Float16: return dispatch_half<false>(op, srcs, n, dst, count);
-    case DataType::BFloat16: return dispatch_half<true>(op, srcs, n, dst, count);
-    case DataType::Int8: return dispatch_plain<int8_t>(op, srcs, n, dst, count);
-    case DataType::UInt8: return dispatch_plain<uint8_t>(op, srcs, n, dst, count);
-    case DataType::Int16: return dispatch_plain<int16_t>(op, srcs, n, dst, count);
-    case DataType::Int32: return dispatch_plain<int32_t>(op, srcs, n, dst, count);
-    case DataType::Int64: return dispatch_plain<int64_t>(op, srcs, n, dst, count);
-    case DataType::Bool: return dispatch_bool(op, srcs, n, dst, count);
+    case DataType::Float32: return dispatch_plain<float>(op, srcs, n, dst, count, copy);
+    case DataType::Float64: return dispatch_plain<double>(op, srcs, n, dst, count, copy);
+    case DataType::Float16: return dispatch_half<false>(op, srcs, n, dst, count, copy);
+    case DataType::BFloat16: return dispatch_half<true>(op, srcs, n, dst, count, copy);
+    case DataType::Int8: return dispatch_plain<int8_t>(op, srcs, n, dst, count, copy);
+    case DataType::UInt8: return dispatch_plain<uint8_t>(op, srcs, n, dst, count, copy);
+    case DataType::Int16: return dispatch_plain<int16_t>(op, srcs, n, dst, count, copy);
+    case DataType::Int32: return dispatch_plain<int32_t>(op, srcs, n, dst, count, copy);
+    case DataType::Int64: return dispatch_plain<int64_t>(op, srcs, n, dst, count, copy);
+    case DataType::Bool: return dispatch_bool(op, srcs, n, dst, count, copy);
   }
 }
 

@@ -12,10 +12,21 @@ namespace chorus::reduce {
 // in f32 and round once. Integers wrap. Bool: sum/max/bor = or, product/min/band = and.
 // dst may alias any srcs[k] exactly (same address); partial overlap is not allowed.
 // Picks the widest vector code this CPU runs. Does not validate (dtype, op): see reduce_op_problem.
-void reduce(DataType dtype, ReduceOp op, const void* const* srcs, int n, void* dst, size_t count);
+//
+// `copy`, when it has a destination, receives the same result in the same pass, block by block
+// while each block is still in L1: a rank that publishes its folded part (dst, a shared slot)
+// and keeps it (its output) writes both without reading the result back. With `stream` the
+// copy is written with streaming stores (Note [Streaming stores] in shm/copy.h). copy.to may
+// alias a source exactly, like dst, but not dst.
+struct Copy {
+  void* to = nullptr;
+  bool stream = false;
+};
+void reduce(DataType dtype, ReduceOp op, const void* const* srcs, int n, void* dst, size_t count, Copy copy = {});
 
 // Per-ISA builds of the same source, chosen by reduce().
-void reduce_generic(DataType, ReduceOp, const void* const*, int, void*, size_t);
-void reduce_avx2(DataType, ReduceOp, const void* const*, int, void*, size_t);
+void reduce_generic(DataType, ReduceOp, const void* const*, int, void*, size_t, Copy);
+void reduce_avx2(DataType, ReduceOp, const void* const*, int, void*, size_t, Copy);
+void reduce_avx512(DataType, ReduceOp, const void* const*, int, void*, size_t, Copy);
 
 }  // namespace chorus::reduce

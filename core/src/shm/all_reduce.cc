@@ -4,10 +4,18 @@
 // inputs in rank order 0..W-1. Small messages (W x bytes <= kOneShotTotalBytes) do the same through the slots
 // (one-shot). Larger ones are two-shot and pipelined: the message goes in rounds; in each round
 // every rank owns 1/W of the round's elements, receives the other ranks' copies of its part,
-// folds them in rank order, and publishes the folded part, which everyone copies out. A phase
-// carries both the inputs of round k and the folded parts of round k-1, so a round costs one
-// phase. Every element is folded by exactly one rank in a fixed order, and the inline/one-shot
-// paths fold in that same order on every rank, so all ranks end with identical bits.
+// folds them in rank order, and publishes the folded part, which everyone else copies out (the
+// folding rank writes it to its own output in the same pass). A phase carries both the inputs of
+// round k and the folded parts of round k-1, so a round costs one phase. Every element is
+// folded by exactly one rank in a fixed order, and the inline/one-shot paths fold in that same
+// order on every rank, so all ranks end with identical bits.
+//
+// Note [Direct all_reduce]: when every rank's input and output lie in symmetric memory (Note
+// [Symmetric buffers]), nothing is staged: rank r reads its part of every rank's input, folds
+// it in rank order, and writes the result into every rank's output. Parts are disjoint, so one
+// phase before (every input is ready) and one after (every output is written) are all the
+// synchronization there is, in place or not. Each input byte is read once and each output byte
+// written once (through a piece that stays in cache).
 
 #include "reduce/reduce_kernels.h"
 #include "shm/copy.h"
@@ -19,7 +27,53 @@ namespace {
 // One-shot makes every rank fold all W inputs: W times the work of two-shot's share. Worth it
 // while the total stays small, which with more ranks means smaller messages.
 constexpr size_t kOneShotTotalBytes = 256 * 1024;
+// The direct path folds this much at a time into a buffer that stays in cache, then copies the
+// piece to every rank's output.
+constexpr size_t kDirectPieceBytes = 64 * 1024;
+
+// Note [Direct all_reduce]. Every rank publishes where its buffers lie, and every rank decides
+// from all ranks' refs alone; false (after one phase) sends all of them down the staged path.
+bool all_reduce_direct(ShmGroup& g, const Call& c) {
+  const int world = g.world(), me = g.rank();
+  const size_t es = element_size(c.dtype);
+  const size_t bytes = c.count * es;
+  SymmetricRef refs[2];  // input, output
+  auto in_region = g.symmetric()->find(me, c.in, bytes, &refs[0].offset);
+  auto out_region = g.symmetric()->find(me, c.out, bytes, &refs[1].offset);
+  refs[0].id = in_region ? in_region->id : 0;
+  refs[1].id = out_region ? out_region->id : 0;
+  static_assert(sizeof(refs) <= kInlineBytes);
+  std::memcpy(g.my_inline(), refs, sizeof(refs));
+  g.sync();
+  std::vector<SymmetricRef> all(2 * size_t(world));
+  for (int p = 0; p < world; ++p) std::memcpy(&all[2 * size_t(p)], g.inline_of(p), sizeof(refs));
+  for (int p = 0; p < world; ++p)
+    for (int k = 0; k < 2; ++k) {
+      const SymmetricRef& r = all[2 * size_t(p) + size_t(k)];
+      if (r.id == 0 || r.id != all[size_t(k)].id) return false;
+    }
+  // The same ids everywhere, and this rank holds both allocations: it maps every rank's buffer.
+  const size_t line = 64 / es;
+  auto part_begin = [&](int q) { return q == world ? c.count : c.count * size_t(q) / size_t(world) / line * line; };
+  const size_t b = part_begin(me), e = part_begin(me + 1);
+  const size_t piece = kDirectPieceBytes / es;
+  const bool stream = bytes >= kStreamMinBytes;
+  auto& srcs = source_list(world);
+  std::vector<uint8_t*> outs(static_cast<size_t>(world));
+  thread_local std::vector<uint8_t> folded(kDirectPieceBytes);
+  for (size_t x = b; x < e; x += piece) {
+    const size_t m = std::min(piece, e - x);
+    for (int p = 0; p < world; ++p) {
+      srcs[size_t(p)] = in_region->bases[size_t(p)] + all[2 * size_t(p)].offset + x * es;
+      outs[size_t(p)] = out_region->bases[size_t(p)] + all[2 * size_t(p) + 1].offset + x * es;
+    }
+    reduce::reduce(c.dtype, c.op, srcs.data(), world, folded.data(), m);
+    for (int q = 0; q < world; ++q) copy_out(outs[size_t(q)], folded.data(), m * es, stream);
+  }
+  g.sync();  // every output is written
+  return true;
 }
+}  // namespace
 
 void all_reduce(ShmGroup& g, const Call& c) {
   const int world = g.world(), me = g.rank();
@@ -45,8 +99,12 @@ void all_reduce(ShmGroup& g, const Call& c) {
     return;
   }
 
+  if (c.kind == OpKind::AllReduce && g.symmetric_made() != 0 && all_reduce_direct(g, c)) return;
+
   // Slot layout: [inputs of the round: W parts][my folded part of the previous round].
-  const size_t part = g.slot_bytes() / ((size_t(world) + 1) * es);
+  // Parts start on cache lines (as far as the slot allows), so no store splits a line.
+  const size_t line = 64 / es, fit = g.slot_bytes() / ((size_t(world) + 1) * es);
+  const size_t part = fit >= line ? fit / line * line : fit;
   const size_t per_round = part * size_t(world);
   const size_t folded_at = per_round * es;
   const size_t rounds = rounds_for(c.count, per_round);
@@ -63,21 +121,19 @@ void all_reduce(ShmGroup& g, const Call& c) {
         copy_bytes(slot + (b - k * per_round) * es, in + b * es, (e - b) * es);
       }
     }
-    g.post();
-    auto copy_folded = [&](int q) {  // q's folded part of the previous round, to the output
-      const size_t b = part_begin(k - 1, q), e = part_begin(k - 1, q + 1);
-      copy_out(out + b * es, g.read_slot(q) + folded_at, (e - b) * es, stream);
-    };
-    if (k >= 1 && gets_result) copy_folded(me);  // own part: no need to wait for anyone
-    g.wait();
+    g.sync();
     if (k >= 1 && gets_result)
-      for (int q = 0; q < world; ++q)
-        if (q != me) copy_folded(q);
-    if (k < rounds) {
+      for (int q = 0; q < world; ++q) {  // the others' folded parts of the previous round
+        if (q == me) continue;
+        const size_t b = part_begin(k - 1, q), e = part_begin(k - 1, q + 1);
+        copy_out(out + b * es, g.read_slot(q) + folded_at, (e - b) * es, stream);
+      }
+    if (k < rounds) {  // fold my part: publish it, and keep it in the same pass
       const size_t b = part_begin(k, me), e = part_begin(k, me + 1);
       for (int p = 0; p < world; ++p)
         srcs[size_t(p)] = p == me ? in + b * es : g.read_slot(p) + (b - k * per_round) * es;
-      reduce::reduce(c.dtype, c.op, srcs.data(), world, g.write_slot() + folded_at, e - b);
+      reduce::reduce(c.dtype, c.op, srcs.data(), world, g.write_slot() + folded_at, e - b,
+                     {gets_result ? out + b * es : nullptr, stream});
     }
   }
 }

@@ -1,5 +1,6 @@
 #include "shm/copy.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #if defined(__x86_64__)
@@ -10,31 +11,47 @@ namespace chorus::shm {
 
 namespace {
 #if defined(__x86_64__)
-__attribute__((target("avx2"))) void stream_avx2(uint8_t* dst, const uint8_t* src, size_t n) {
-  size_t head = (32 - reinterpret_cast<uintptr_t>(dst) % 32) % 32;
-  if (head > n) head = n;
-  std::memcpy(dst, src, head);
-  dst += head;
-  src += head;
-  n -= head;
+// Streams the largest whole number of 128-byte blocks from src to dst (dst aligned to the
+// vector width) and returns how many bytes that was.
+using Bulk = size_t (*)(uint8_t* dst, const uint8_t* src, size_t n);
+
+__attribute__((target("avx2"))) size_t bulk_avx2(uint8_t* dst, const uint8_t* src, size_t n) {
   size_t i = 0;
-  for (; i + 128 <= n; i += 128) {
-    __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
-    __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 32));
-    __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 64));
-    __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 96));
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i), a);
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i + 32), b);
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i + 64), c);
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i + 96), d);
-  }
-  std::memcpy(dst + i, src + i, n - i);
-  _mm_sfence();  // streaming stores are weakly ordered: finish them before anything else
+  for (; i + 128 <= n; i += 128)
+    for (size_t k = 0; k < 128; k += 32)
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i + k),
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + k)));
+  return i;
 }
 
-bool has_avx2() {
+// Whole-line stores: each fills a write-combining buffer at once.
+__attribute__((target("avx512f"))) size_t bulk_avx512(uint8_t* dst, const uint8_t* src, size_t n) {
+  size_t i = 0;
+  for (; i + 128 <= n; i += 128)
+    for (size_t k = 0; k < 128; k += 64)
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i + k), _mm512_loadu_si512(src + i + k));
+  return i;
+}
+
+struct Streamer {
+  Bulk bulk = nullptr;
+  size_t align = 0;
+};
+
+Streamer pick_streamer() {
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2");
+  if (__builtin_cpu_supports("avx512f")) return {&bulk_avx512, 64};
+  if (__builtin_cpu_supports("avx2")) return {&bulk_avx2, 32};
+  return {};
+}
+
+// memcpy up to dst's alignment, the bulk streamed, memcpy of the tail.
+void stream(const Streamer& s, uint8_t* dst, const uint8_t* src, size_t n) {
+  const size_t head = std::min(n, (s.align - reinterpret_cast<uintptr_t>(dst) % s.align) % s.align);
+  std::memcpy(dst, src, head);
+  const size_t done = head + s.bulk(dst + head, src + head, n - head);
+  std::memcpy(dst + done, src + done, n - done);
+  _mm_sfence();  // streaming stores are weakly ordered: finish them before anything else
 }
 #endif
 }  // namespace
@@ -42,8 +59,9 @@ bool has_avx2() {
 void copy_out(void* dst, const void* src, size_t n, bool stream) {
   if (n == 0) return;
 #if defined(__x86_64__)
-  static const bool avx2 = has_avx2();
-  if (stream && avx2 && n >= 4096) return stream_avx2(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), n);
+  static const Streamer streamer = pick_streamer();
+  if (stream && streamer.bulk && n >= 4096)
+    return shm::stream(streamer, static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), n);
 #endif
   std::memcpy(dst, src, n);
 }

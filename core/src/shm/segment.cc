@@ -21,18 +21,18 @@ constexpr uint64_t kMagic = 0x63686f7275733031ull;  // "chorus01"
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
-std::string random_name() {
-  std::random_device rd;
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "/chorus-%d-%08x%08x", int(getpid()), rd(), rd());
-  return buf;
-}
-
 [[noreturn]] void fail(const std::string& what, const std::string& name) {
   throw Error(detail::concat("shared memory: ", what, " '", name, "': ", std::strerror(errno)));
 }
 
 }  // namespace
+
+std::string unique_shm_name() {
+  std::random_device rd;
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "/chorus-%d-%08x%08x", int(getpid()), rd(), rd());
+  return buf;
+}
 
 Layout::Layout(int w, size_t slot) : world(w) {
   slot_bytes = round_up(std::max<size_t>(slot, kLine * size_t(w)), kLine);
@@ -53,7 +53,7 @@ Segment::Segment(Store& store, int rank, int world, size_t slot_bytes, Clock::ti
   std::string name;
   int fd = -1;
   if (rank == 0) {
-    name = random_name();
+    name = unique_shm_name();
     fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
     if (fd < 0) fail("cannot create", name);
     int rc = posix_fallocate(fd, 0, off_t(layout_.total));

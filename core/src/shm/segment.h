@@ -30,6 +30,9 @@ namespace chorus::shm {
 constexpr size_t kLine = 64;
 constexpr size_t kInlineBytes = 32;
 
+// A fresh name for a POSIX shared-memory object ("/chorus-<pid>-<random>", under 64 bytes).
+std::string unique_shm_name();
+
 
 // Note [One line per call]: everything a peer needs to finish a small call sits in one cache
 // line: the descriptor, the inline payload, and the last phase the rank posted during this call.

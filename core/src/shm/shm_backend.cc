@@ -38,9 +38,12 @@ class ShmBackend : public Backend {
       case OpKind::AllToAll:
       case OpKind::AllToAllV: return all_to_all(g_, c);
       case OpKind::Send:
-      case OpKind::Recv: break;
+      case OpKind::Recv:
+      case OpKind::AllocSymmetric: break;  // not through run()
     }
   }
+
+  SymmetricMemory alloc_symmetric(const Call& c) override { return shm::alloc_symmetric(g_, c); }
 
   void abort(const std::exception_ptr& cause) override {
     g_.abort(abort_cause(cause));

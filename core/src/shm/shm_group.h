@@ -13,12 +13,14 @@
 // every rank's before anyone reads data.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "abort_cause.h"
 #include "backend.h"
 #include "shm/segment.h"
+#include "shm/symmetric.h"
 #include "shm/waiter.h"
 
 namespace chorus::shm {
@@ -67,6 +69,11 @@ class ShmGroup {
   // Publishes this rank's failure so peers stop waiting for it.
   void abort(const AbortCause& cause);
 
+  // Symmetric memory (Note [Symmetric buffers]). Allocations are counted the same on every rank.
+  uint32_t next_symmetric_id() { return ++symmetric_made_; }
+  uint32_t symmetric_made() const { return symmetric_made_; }
+  const std::shared_ptr<SymmetricRegistry>& symmetric() const { return symmetric_; }
+
  private:
   void validate();
   // Throws if the deadline passed, a peer in `awaited` died or left, or any peer aborted.
@@ -83,6 +90,8 @@ class ShmGroup {
   uint32_t phase_ = 0;  // last phase this rank posted
   uint64_t call_ = 0;   // index of the current call
   bool checked_ = true;  // the current call's descriptors were compared
+  uint32_t symmetric_made_ = 0;
+  std::shared_ptr<SymmetricRegistry> symmetric_ = std::make_shared<SymmetricRegistry>();
   Clock::time_point started_, deadline_;
 };
 

@@ -56,6 +56,29 @@ struct CommunicatorOptions {
 
 using Timeout = std::optional<std::chrono::milliseconds>;
 
+// Note [Symmetric memory]: one buffer per rank, of the same size, allocated together by the whole
+// group (Communicator::alloc_symmetric). On the shared-memory backend every rank maps every
+// rank's buffer, so a collective whose buffers lie in symmetric memory on every rank moves data
+// straight between the ranks' buffers instead of staging it through the group's slots: a large
+// all_reduce then reads and writes each byte once, like a memcpy. On other backends it is
+// ordinary memory and collectives on it run as on any other buffer. Zero-filled.
+//
+// A copyable handle: the memory lives until the last copy is gone (or longer, while peers still
+// map it; never less). Destroying it does not communicate.
+class SymmetricMemory {
+ public:
+  SymmetricMemory() = default;
+  SymmetricMemory(std::shared_ptr<void> owner, void* data, size_t size)
+      : owner_(std::move(owner)), data_(data), size_(size) {}
+  void* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  std::shared_ptr<void> owner_;  // unmaps (and forgets) the buffer when the last copy goes
+  void* data_ = nullptr;
+  size_t size_ = 0;
+};
+
 class Communicator {
  public:
   // Collective over `size` processes that pass the same store (or stores of one server) and
@@ -104,6 +127,9 @@ class Communicator {
   void send(const void* buf, size_t count, DataType dtype, int dst, int tag = 0, Timeout timeout = {});
   void recv(void* buf, size_t count, DataType dtype, int src, int tag = 0, Timeout timeout = {});
   void barrier(Timeout timeout = {});
+  // Collective: every rank allocates `bytes` (the same on every rank) of symmetric memory
+  // (Note [Symmetric memory]), 64-byte aligned and zero-filled.
+  SymmetricMemory alloc_symmetric(size_t bytes, Timeout timeout = {});
   // Collective, for layers built on this one that find this rank's input bad: takes this rank's
   // place in the group's next collective, whatever the others call, so that every rank raises
   // InvalidArgument carrying "`operation` on group '<name>' (rank r): `why`". Always throws.
@@ -147,6 +173,7 @@ class Communicator {
   void gather_family(OpKind kind, const void* in, void* out, size_t count, const std::vector<size_t>* counts,
                      DataType dtype, int root, Timeout timeout);
   void execute(Call& call, Timeout timeout);  // after ordering: the backend, and the aborted state
+  void execute_with(Call& call, Timeout timeout, const std::function<void()>& body);  // body instead of run()
   std::shared_ptr<Work> submit(std::function<void()> fn);
   // Point-to-point ordering: a ticket per (peer, direction), taken when the call is issued.
   uint64_t take_ticket(bool send, int peer);

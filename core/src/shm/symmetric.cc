@@ -1,0 +1,137 @@
+#include "shm/symmetric.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "chorus/core/error.h"
+#include "shm/shm_group.h"
+
+namespace chorus::shm {
+
+SymmetricRegion::~SymmetricRegion() {
+  for (uint8_t* base : bases)
+    if (base) munmap(base, bytes);
+}
+
+void SymmetricRegistry::add(std::shared_ptr<SymmetricRegion> region) {
+  std::lock_guard<std::mutex> lock(mu_);
+  regions_.push_back(std::move(region));
+}
+
+void SymmetricRegistry::remove(uint32_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::erase_if(regions_, [&](const auto& r) { return r->id == id; });
+}
+
+std::shared_ptr<SymmetricRegion> SymmetricRegistry::find(int rank, const void* p, size_t n, uint64_t* offset) const {
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& r : regions_) {
+    const auto base = reinterpret_cast<uintptr_t>(r->bases[size_t(rank)]);
+    if (at >= base && at - base <= r->bytes && n <= r->bytes - (at - base)) {
+      *offset = at - base;
+      return r;
+    }
+  }
+  return nullptr;
+}
+
+namespace {
+
+constexpr size_t kNameBytes = 64;
+
+[[noreturn]] void fail(const std::string& what, const std::string& name) {
+  throw Error(detail::concat("alloc_symmetric: ", what, " '", name, "': ", std::strerror(errno)));
+}
+
+uint8_t* map_object(int fd, size_t bytes, const std::string& name) {
+  // Populated now, so the first collective on the buffer takes no page faults.
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (p == MAP_FAILED) {
+    close(fd);
+    fail(detail::concat("cannot map ", bytes, " bytes of"), name);
+  }
+  close(fd);
+  return static_cast<uint8_t*>(p);
+}
+
+// Unlinks this rank's name when the call ends, however it ends.
+struct Unlink {
+  std::string name;
+  ~Unlink() {
+    if (!name.empty()) shm_unlink(name.c_str());
+  }
+};
+
+// Frees this rank's view of a region when the user's last handle goes.
+struct Owner {
+  std::shared_ptr<SymmetricRegion> region;
+  std::weak_ptr<SymmetricRegistry> registry;
+  ~Owner() {
+    if (auto r = registry.lock(); r && region) r->remove(region->id);
+  }
+};
+
+}  // namespace
+
+SymmetricMemory alloc_symmetric(ShmGroup& g, const Call& c) {
+  const int world = g.world(), me = g.rank();
+  g.start(c);
+  if (!c.invalid.empty()) {
+    g.sync();  // raises InvalidArgument here and on every other rank
+    throw InvalidArgument(c.invalid);
+  }
+  const size_t bytes = size_t(c.count);
+  auto region = std::make_shared<SymmetricRegion>();
+  region->id = g.next_symmetric_id();
+  region->bytes = bytes;
+  region->bases.assign(size_t(world), nullptr);
+  if (bytes == 0) {
+    g.sync();
+    return {};
+  }
+
+  Unlink mine{unique_shm_name()};
+  int fd = shm_open(mine.name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) fail("cannot create", mine.name);
+  if (int rc = posix_fallocate(fd, 0, off_t(bytes)); rc != 0) {
+    close(fd);
+    errno = rc;
+    fail(detail::concat("cannot allocate ", bytes, " bytes (is /dev/shm large enough?) for"), mine.name);
+  }
+  region->bases[size_t(me)] = map_object(fd, bytes, mine.name);
+  std::memset(g.write_slot(), 0, kNameBytes);
+  std::memcpy(g.write_slot(), mine.name.data(), std::min(mine.name.size(), kNameBytes - 1));
+  g.sync();  // every rank's buffer exists (and the call is checked)
+
+  for (int p = 0; p < world; ++p) {
+    if (p == me) continue;
+    const auto* text = reinterpret_cast<const char*>(g.read_slot(p));
+    const std::string name(text, strnlen(text, kNameBytes - 1));
+    fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0) fail(detail::concat("cannot open rank ", p, "'s buffer"), name);
+    struct stat st {};
+    if (fstat(fd, &st) != 0 || size_t(st.st_size) != bytes) {
+      close(fd);
+      errno = EINVAL;
+      fail(detail::concat("rank ", p, "'s buffer is not ", bytes, " bytes"), name);
+    }
+    region->bases[size_t(p)] = map_object(fd, bytes, name);
+  }
+  g.sync();  // everyone maps everything: the names can go (mine when this returns)
+
+  g.symmetric()->add(region);
+  void* data = region->bases[size_t(me)];
+  auto owner = std::make_shared<Owner>();
+  owner->region = region;
+  owner->registry = g.symmetric();
+  return SymmetricMemory(owner, data, bytes);
+}
+
+}  // namespace chorus::shm
