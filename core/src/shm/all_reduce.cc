@@ -57,7 +57,12 @@ bool all_reduce_direct(ShmGroup& g, const Call& c) {
   auto part_begin = [&](int q) { return q == world ? c.count : c.count * size_t(q) / size_t(world) / line * line; };
   const size_t b = part_begin(me), e = part_begin(me + 1);
   const size_t piece = kDirectPieceBytes / es;
-  const bool stream = bytes >= kStreamMinBytes;
+  // Rank q's output is its input when both lie at one place of one allocation: then this rank
+  // has just read the lines it writes there (Note [Streaming stores]).
+  auto streams_to = [&](int q) {
+    const bool in_place = in_region == out_region && all[2 * size_t(q)].offset == all[2 * size_t(q) + 1].offset;
+    return bytes >= kStreamMinBytes && !in_place;
+  };
   auto& srcs = source_list(world);
   std::vector<uint8_t*> outs(static_cast<size_t>(world));
   thread_local std::vector<uint8_t> folded(kDirectPieceBytes);
@@ -68,7 +73,7 @@ bool all_reduce_direct(ShmGroup& g, const Call& c) {
       outs[size_t(p)] = out_region->bases[size_t(p)] + all[2 * size_t(p) + 1].offset + x * es;
     }
     reduce::reduce(c.dtype, c.op, srcs.data(), world, folded.data(), m);
-    for (int q = 0; q < world; ++q) copy_out(outs[size_t(q)], folded.data(), m * es, stream);
+    for (int q = 0; q < world; ++q) copy_out(outs[size_t(q)], folded.data(), m * es, streams_to(q));
   }
   g.sync();  // every output is written
   return true;
@@ -108,7 +113,7 @@ void all_reduce(ShmGroup& g, const Call& c) {
   const size_t per_round = part * size_t(world);
   const size_t folded_at = per_round * es;
   const size_t rounds = rounds_for(c.count, per_round);
-  const bool stream = bytes >= kStreamMinBytes;  // Note [Streaming stores]
+  const bool stream = bytes >= kStreamMinBytes && c.in != c.out;  // Note [Streaming stores]
   auto part_begin = [&](size_t k, int q) {
     return k * per_round + in_round(c.count, per_round, k) * size_t(q) / size_t(world);
   };

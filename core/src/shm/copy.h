@@ -4,7 +4,9 @@
 // first reads each line it writes (read-for-ownership), so copying n bytes out costs 3n of
 // memory traffic. Non-temporal stores skip that read. They also push the data out of cache, so
 // they are used only for messages larger than the caches would hold anyway, and never for the
-// shared slots, which a peer reads next.
+// shared slots, which a peer reads next. An in-place all-reduce writes lines it has just read,
+// which are in cache: there a normal store hits the line, while a streaming one must first
+// evict it, which measured 2-3x slower (16 MiB f32, W=2), so in place writes normally.
 #pragma once
 
 #include <cstddef>
