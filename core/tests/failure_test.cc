@@ -42,10 +42,40 @@ TEST_P(Failure, RankThatNeverArrivesIsNamedAtTheDeadline) {
   EXPECT_TRUE(leftover_segments(results).empty());
 }
 
+// Rank 0 gives up at its short deadline while rank 1, with a long one, waits in the same call on
+// rank 2, which is alive but never comes. Rank 1 must hear of it from rank 0 within seconds, not
+// at its own deadline: on Gloo it may wait on a send to rank 2 that nothing but the watchdog
+// can end (Note [Interrupting Gloo]).
+TEST_P(Failure, ARankThatGaveUpReleasesOneWaitingOnALiveRank) {
+  auto results = run_ranks(3, [&](RankContext& ctx) {
+    auto comm = Communicator::create(ctx.store, ctx.rank, ctx.world, options(60s));
+    std::vector<float> buf(1 << 16, 1.0f);
+    comm->all_reduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum);  // all connected
+    if (ctx.rank == 2) {
+      ctx.store->wait({"done/0", "done/1"}, 60s);
+      return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    const auto timeout = ctx.rank == 0 ? std::chrono::milliseconds(1000) : std::chrono::milliseconds(60000);
+    auto msg = RANK_EXPECT_THROW(TimeoutError, comm->all_reduce(buf.data(), buf.data(), buf.size(),
+                                                               DataType::Float32, ReduceOp::Sum, timeout));
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+    ctx.store->set("done/" + std::to_string(ctx.rank), "1");
+    // Rank 0 names rank 2 alone: rank 1 was in the call.
+    RANK_CHECK(contains(msg, "rank 2 ") && !contains(msg, "ranks"), msg);
+    if (ctx.rank == 1) {
+      RANK_CHECK(contains(msg, "rank 0 gave up first"), msg);
+      RANK_CHECK(ms < 10s, "released only after ", ms.count(), " ms: ", msg);
+    }
+  });
+  expect_all_ok(results);
+  EXPECT_TRUE(leftover_segments(results).empty());
+}
+
 TEST_P(Failure, KilledRankIsNamedBySurvivorsBeforeTheTimeout) {
   if (GetParam() == "mpi") GTEST_SKIP() << "mpirun ends the job when a rank dies: tests/mpi_rank_killed.sh";
   auto results = run_ranks(3, [&](RankContext& ctx) {
-    auto comm = Communicator::create(ctx.store, ctx.rank, ctx.world, options(120s));
+    auto comm = Communicator::create(ctx.store, ctx.rank, ctx.world, options(60s));
     std::vector<float> buf(1 << 22, 1.0f);
     if (ctx.rank == 1)
       std::thread([] {
@@ -62,6 +92,10 @@ TEST_P(Failure, KilledRankIsNamedBySurvivorsBeforeTheTimeout) {
       const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
       std::fprintf(stderr, "[rank %d] PeerFailure after %lld ms (kill at ~300 ms): %s\n", ctx.rank,
                    (long long)ms.count(), e.what());
+      // Shared memory sees the death at once; an engine's ranks confirm it by the heartbeats
+      // (2.5 s), and a rank that did not talk to the dead one hears it from the watchdog.
+      const auto limit = GetParam() == "shm" ? 2300ms : 6s;
+      RANK_CHECK(ms < limit, "PeerFailure only after ", ms.count(), " ms");
     }
     RANK_EXPECT_THROW(PeerFailure, comm->barrier());
   });

@@ -128,6 +128,7 @@ class EngineBackend : public Backend {
 
  private:
   static std::string beat_key(int r) { return detail::concat("beat/", r); }
+  static std::string reached_key(uint64_t call, int r) { return detail::concat("reached/", call, "/", r); }
 
   // Note [Engine failures]: heartbeat, and interrupt the engine when a peer gave up.
   void watch() {
@@ -140,6 +141,13 @@ class EngineBackend : public Backend {
         // that does not notice by itself (MPI) is interrupted.
         const uint64_t call = in_call_.load(std::memory_order_acquire);
         if (call && engine_->can_interrupt() && !left_before(call).empty()) engine_->interrupt();
+        // A collective that lasts says so, for the timed_out() of a rank with a shorter deadline;
+        // only the latest such key stays.
+        if (call && call != announced_) {
+          store_.set(reached_key(call, rank_), "1");
+          if (announced_) store_.delete_key(reached_key(announced_, rank_));
+          announced_ = call;
+        }
         if (!peer_abort_ && store_.check({"abort"})) {
           auto record = decode(store_.get("abort"));
           if (record && record->from != rank_) {
@@ -242,11 +250,11 @@ class EngineBackend : public Backend {
       missing.push_back(c.root);
     } else {
       try {
-        store_.set(detail::concat("reached/", calls_, "/", rank_), "1");
+        store_.set(reached_key(calls_, rank_), "1");
         std::vector<std::string> keys;
-        for (int r = 0; r < size_; ++r) keys.push_back(detail::concat("reached/", calls_, "/", r));
-        try {
-          store_.wait(keys, 2s);  // the others that timed out in this call say so meanwhile
+        for (int r = 0; r < size_; ++r) keys.push_back(reached_key(calls_, r));
+        try {  // the others in this call said so already (watch()), or say so as they time out
+          store_.wait(keys, 2s);
         } catch (const StoreError&) {
         }
         for (int r = 0; r < size_; ++r)
@@ -469,6 +477,7 @@ class EngineBackend : public Backend {
   std::thread watchdog_;
   std::atomic<bool> peer_abort_{false};
   std::atomic<uint64_t> in_call_{0};  // the collective in progress (its number), or 0
+  uint64_t announced_ = 0;             // the last collective watch() said this rank reached
   std::mutex left_mu_;
   std::map<int, uint64_t> left_;      // ranks that left, and how many collectives they had made
   std::mutex record_mu_;

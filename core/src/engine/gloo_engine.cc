@@ -6,9 +6,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <set>
 
 #include <gloo/allgather.h>
 #include <gloo/allgatherv.h>
@@ -21,7 +23,9 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/scatter.h>
+#include <gloo/transport/context.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
 
 #include "chorus/core/error.h"
 #include "chorus/core/store.h"
@@ -97,6 +101,106 @@ void ignore_sigpipe() {
   });
 }
 
+// Note [Interrupting Gloo]: a Gloo wait ends when its operation completes, when the operation
+// is failed by its connection's error, or at its timeout, and nothing else wakes it. This Gloo has
+// no abort; closeConnections() closes the sockets without failing the operations pending on
+// them; and a send already half written when its peer gave up is never failed at all. So a rank
+// whose peer gave up in the middle of a collective could sleep until its deadline (30 minutes
+// by default) although the watchdog knew within a second. What does wake a wait is its
+// buffer's abortWait: every Gloo algorithm makes its buffers through the context's transport,
+// so after connecting, the transport is wrapped in one that hands out buffers it can abort.
+// interrupt() aborts the live ones, and from then on every wait throws.
+struct Interruption {
+  std::atomic<bool> on{false};
+  std::mutex mu;
+  std::set<::gloo::transport::UnboundBuffer*> live;  // the wrapped Gloo buffers
+
+  void trigger() {
+    std::lock_guard<std::mutex> lock(mu);
+    on = true;  // before the aborts: an aborted wait then sees it and throws
+    for (auto* b : live) {
+      b->abortWaitRecv();
+      b->abortWaitSend();
+    }
+  }
+};
+
+class AbortableBuffer : public ::gloo::transport::UnboundBuffer {
+ public:
+  AbortableBuffer(std::unique_ptr<::gloo::transport::UnboundBuffer> inner, std::shared_ptr<Interruption> in)
+      : UnboundBuffer(inner->ptr, inner->size), inner_(std::move(inner)), in_(std::move(in)) {
+    std::lock_guard<std::mutex> lock(in_->mu);
+    in_->live.insert(inner_.get());
+  }
+  ~AbortableBuffer() override {
+    std::lock_guard<std::mutex> lock(in_->mu);
+    in_->live.erase(inner_.get());
+  }
+  bool waitRecv(int* rank, std::chrono::milliseconds timeout) override {
+    return checked(inner_->waitRecv(rank, timeout));
+  }
+  bool waitSend(int* rank, std::chrono::milliseconds timeout) override {
+    return checked(inner_->waitSend(rank, timeout));
+  }
+  void abortWaitRecv() override { inner_->abortWaitRecv(); }
+  void abortWaitSend() override { inner_->abortWaitSend(); }
+  void send(int dst, uint64_t slot, size_t offset, size_t nbytes) override {
+    interrupted();
+    inner_->send(dst, slot, offset, nbytes);
+  }
+  void recv(int src, uint64_t slot, size_t offset, size_t nbytes) override {
+    interrupted();
+    inner_->recv(src, slot, offset, nbytes);
+  }
+  void recv(std::vector<int> srcs, uint64_t slot, size_t offset, size_t nbytes) override {
+    interrupted();
+    inner_->recv(std::move(srcs), slot, offset, nbytes);
+  }
+
+ private:
+  void interrupted() const {
+    if (in_->on) throw ::gloo::IoException("interrupted: the group is aborting");
+  }
+  bool checked(bool completed) const {
+    interrupted();  // an aborted wait returns false; one that completed meanwhile counts for nothing
+    return completed;
+  }
+  std::unique_ptr<::gloo::transport::UnboundBuffer> inner_;
+  std::shared_ptr<Interruption> in_;
+};
+
+// Forwards to Gloo's own transport; only its buffers are wrapped.
+class AbortableTransport : public ::gloo::transport::Context {
+ public:
+  AbortableTransport(std::shared_ptr<::gloo::transport::Context> inner, std::shared_ptr<Interruption> in)
+      : Context(inner->rank, inner->size), inner_(std::move(inner)), in_(std::move(in)) {
+    setTimeout(inner_->getTimeout());
+  }
+  std::unique_ptr<::gloo::transport::Pair>& getPair(int rank) override { return inner_->getPair(rank); }
+  std::unique_ptr<::gloo::transport::Pair>& createPair(int rank) override { return inner_->createPair(rank); }
+  std::unique_ptr<::gloo::transport::UnboundBuffer> createUnboundBuffer(void* ptr, size_t size) override {
+    return std::make_unique<AbortableBuffer>(inner_->createUnboundBuffer(ptr, size), in_);
+  }
+
+ private:
+  std::shared_ptr<::gloo::transport::Context> inner_;
+  std::shared_ptr<Interruption> in_;
+};
+
+class InterruptibleContext : public ::gloo::rendezvous::Context {
+ public:
+  using ::gloo::rendezvous::Context::Context;
+  // After connectFullMesh: every buffer made from now on can be aborted.
+  void make_abortable() { transportContext_ = std::make_shared<AbortableTransport>(transportContext_, interruption_); }
+  void interrupt() {
+    interruption_->trigger();
+    closeConnections();  // the peers' operations with this rank fail at once
+  }
+
+ private:
+  std::shared_ptr<Interruption> interruption_ = std::make_shared<Interruption>();
+};
+
 // Slots of the point-to-point channels and of gather_v; Gloo's collectives use prefixes below.
 constexpr uint8_t kDataSlot = 0xC0, kAckSlot = 0xC1, kGatherSlot = 0xC2;
 
@@ -105,12 +209,13 @@ class GlooEngine : public Engine {
   GlooEngine(chorus::Store& store, int rank, int size, Millis left) : rank_(rank), size_(size) {
     ignore_sigpipe();
     GlooStore gs(store);
-    auto context = std::make_shared<::gloo::rendezvous::Context>(rank, size);
+    auto context = std::make_shared<InterruptibleContext>(rank, size);
     context->setTimeout(left);
     guard("connecting", [&] {
       auto device = ::gloo::transport::tcp::CreateDevice(device_attr());
       context->connectFullMesh(gs, device);
     });
+    context->make_abortable();
     context_ = context;
   }
 
@@ -250,7 +355,7 @@ class GlooEngine : public Engine {
     if (interrupted_) return;
     interrupted_ = true;
     try {
-      context_->closeConnections();
+      context_->interrupt();  // Note [Interrupting Gloo]
     } catch (const std::exception&) {
     }
   }
@@ -290,7 +395,7 @@ class GlooEngine : public Engine {
   }
 
   const int rank_, size_;
-  std::shared_ptr<::gloo::Context> context_;
+  std::shared_ptr<InterruptibleContext> context_;
   uint32_t tag_ = 1;
   std::mutex interrupt_mu_;
   bool interrupted_ = false;
