@@ -72,11 +72,16 @@ TEST_P(Failure, ARankThatGaveUpReleasesOneWaitingOnALiveRank) {
   EXPECT_TRUE(leftover_segments(results).empty());
 }
 
-TEST_P(Failure, KilledRankIsNamedBySurvivorsBeforeTheTimeout) {
-  if (GetParam() == "mpi") GTEST_SKIP() << "mpirun ends the job when a rank dies: tests/mpi_rank_killed.sh";
+// Rank 1 kills itself in the middle of a stream of all-reduces, between ordinary buffers or
+// symmetric ones (which shared memory reduces directly between the ranks' buffers).
+void killed_rank_is_named_by_survivors(const CommunicatorOptions& opts, bool symmetric) {
   auto results = run_ranks(3, [&](RankContext& ctx) {
-    auto comm = Communicator::create(ctx.store, ctx.rank, ctx.world, options(60s));
-    std::vector<float> buf(1 << 22, 1.0f);
+    auto comm = Communicator::create(ctx.store, ctx.rank, ctx.world, opts);
+    const size_t n = 1 << 22;
+    std::vector<float> plain(symmetric ? 0 : n, 1.0f);
+    SymmetricMemory mem = symmetric ? comm->alloc_symmetric(n * sizeof(float)) : SymmetricMemory();
+    float* buf = symmetric ? static_cast<float*>(mem.data()) : plain.data();
+    std::fill(buf, buf + n, 1.0f);
     if (ctx.rank == 1)
       std::thread([] {
         std::this_thread::sleep_for(300ms);
@@ -84,7 +89,7 @@ TEST_P(Failure, KilledRankIsNamedBySurvivorsBeforeTheTimeout) {
       }).detach();
     const auto start = std::chrono::steady_clock::now();
     try {
-      for (int i = 0; i < 1000000; ++i) comm->all_reduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Max);
+      for (int i = 0; i < 1000000; ++i) comm->all_reduce(buf, buf, n, DataType::Float32, ReduceOp::Max);
       RANK_CHECK(false, "no failure seen");
     } catch (const PeerFailure& e) {
       RANK_CHECK(e.failed_rank() == 1, e.what());
@@ -94,7 +99,7 @@ TEST_P(Failure, KilledRankIsNamedBySurvivorsBeforeTheTimeout) {
                    (long long)ms.count(), e.what());
       // Shared memory sees the death at once; an engine's ranks confirm it by the heartbeats
       // (2.5 s), and a rank that did not talk to the dead one hears it from the watchdog.
-      const auto limit = GetParam() == "shm" ? 2300ms : 6s;
+      const auto limit = opts.backend == "shm" ? 2300ms : 6s;
       RANK_CHECK(ms < limit, "PeerFailure only after ", ms.count(), " ms");
     }
     RANK_EXPECT_THROW(PeerFailure, comm->barrier());
@@ -103,6 +108,16 @@ TEST_P(Failure, KilledRankIsNamedBySurvivorsBeforeTheTimeout) {
   EXPECT_EQ(results[0].exit_code, 0) << results[0].report;
   EXPECT_EQ(results[2].exit_code, 0) << results[2].report;
   EXPECT_TRUE(leftover_segments(results).empty());
+}
+
+TEST_P(Failure, KilledRankIsNamedBySurvivorsBeforeTheTimeout) {
+  if (GetParam() == "mpi") GTEST_SKIP() << "mpirun ends the job when a rank dies: tests/mpi_rank_killed.sh";
+  killed_rank_is_named_by_survivors(options(60s), false);
+}
+
+TEST_P(Failure, KilledRankIsNamedBySurvivorsOfADirectAllReduce) {
+  if (GetParam() != "shm") GTEST_SKIP() << "only shared memory reduces directly between symmetric buffers";
+  killed_rank_is_named_by_survivors(options(60s), true);
 }
 
 TEST_P(Failure, RankThatLeftTheGroupIsNamed) {
