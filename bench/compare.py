@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Runs chorus-bench next to the peers in ../shared/anchors (Open MPI, torch gloo) in one go and
 prints, per world size, each one's median time and busbw and chorus's speed-up over each peer.
+chorus runs twice: on ordinary buffers, and (all_reduce only, column chorus_sym) on buffers from
+Communicator::alloc_symmetric, which shared memory reduces directly between the ranks.
 
   bench/compare.py --build build [--np 2,4,8] [--gloo-np 2] [--repeat 3] [--out bench-results]
 
@@ -56,10 +58,12 @@ def median_tables(tables):
     return out
 
 
-def chorus_rows(build, world, ops, out):
+def chorus_rows(build, world, ops, out, symmetric=False):
+    """chorus-bench's table; with symmetric, between buffers from Communicator::alloc_symmetric."""
     cmd = [os.path.join(build, "bench", "chorus-bench"), "--np", str(world), "--ops", ",".join(ops),
-           "--sizes", ",".join(str(s) for s in SIZES), "--csv"]
-    text = run(cmd, log=os.path.join(out, f"chorus_w{world}_{len(os.listdir(out))}.txt"))
+           "--sizes", ",".join(str(s) for s in SIZES), "--csv"] + (["--symmetric"] if symmetric else [])
+    name = "chorus_sym" if symmetric else "chorus"
+    text = run(cmd, log=os.path.join(out, f"{name}_w{world}_{len(os.listdir(out))}.txt"))
     rows = {}
     for line in text.splitlines():
         if line.startswith("#") or line.startswith("op,"):
@@ -92,20 +96,22 @@ def main():
     verdicts = []
     for world in [int(w) for w in args.np.split(",")]:
         ops = OPS if world == 2 else ["barrier", "all_reduce"]
-        runs = {"chorus": [], "mpi": []}
+        runs = {"chorus": [], "chorus_sym": [], "mpi": []}
         with_gloo = str(world) in args.gloo_np.split(",")
         if with_gloo:
             runs["gloo"] = []
         for r in range(args.repeat):
             runs["chorus"].append(chorus_rows(args.build, world, ops, args.out))
+            runs["chorus_sym"].append(chorus_rows(args.build, world, ["all_reduce"], args.out, symmetric=True))
             runs["mpi"].append(parse_table(run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(world), mpi_bin],
                                                log=os.path.join(args.out, f"mpi_w{world}_{r}.txt"))))
             if with_gloo:
                 runs["gloo"].append(parse_table(run(["/usr/bin/python3", os.path.join(anchors, "torch_gloo_bench.py"), str(world)],
                                                     env=env1, log=os.path.join(args.out, f"gloo_w{world}_{r}.txt"))))
         results = {impl: median_tables(tables) for impl, tables in runs.items()}
-        peers = [p for p in ("mpi", "gloo") if p in results]
-        print(f"\n## world size {world}, {args.repeat} run(s) (median us; busbw GB/s; speed-up = peer time / chorus time)")
+        peers = [p for p in ("chorus_sym", "mpi", "gloo") if p in results]
+        print(f"\n## world size {world}, {args.repeat} run(s) (median us; busbw GB/s; speed-up = peer time / chorus time; "
+              "chorus_sym = chorus between symmetric buffers)")
         header = f"{'op':11s} {'bytes':>9s} {'chorus_us':>10s}" + "".join(f" {p + '_us':>10s}" for p in peers)
         header += "".join(f" {'x' + p:>8s}" for p in peers) + f" {'chorus_bw':>9s}" + "".join(f" {p + '_bw':>8s}" for p in peers)
         print(header)
@@ -139,8 +145,12 @@ def main():
         if world == 2:
             big = 64 << 20
             check("64 MiB all_reduce busbw >= 1.5x Open MPI", ch[("all_reduce", big)][1] >= 1.5 * mp[("all_reduce", big)][1])
+            sym = results["chorus_sym"]
+            check("64 MiB all_reduce busbw >= 1.5x Open MPI (symmetric buffers)", sym[("all_reduce", big)][1] >= 1.5 * mp[("all_reduce", big)][1])
             if "gloo" in results:
-                check("64 MiB all_reduce busbw >= 4x torch gloo", ch[("all_reduce", big)][1] >= 4 * results["gloo"][("all_reduce", big)][1])
+                gloo_bw = results["gloo"][("all_reduce", big)][1]
+                check("64 MiB all_reduce busbw >= 4x torch gloo", ch[("all_reduce", big)][1] >= 4 * gloo_bw)
+                check("64 MiB all_reduce busbw >= 4x torch gloo (symmetric buffers)", sym[("all_reduce", big)][1] >= 4 * gloo_bw)
             check("64 MiB all_gather >= Open MPI", ch[("all_gather", big)][0] <= mp[("all_gather", big)][0])
             check("64 MiB broadcast >= Open MPI", ch[("broadcast", big)][0] <= mp[("broadcast", big)][0])
 
