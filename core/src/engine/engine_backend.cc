@@ -129,6 +129,7 @@ class EngineBackend : public Backend {
  private:
   static std::string beat_key(int r) { return detail::concat("beat/", r); }
   static std::string reached_key(uint64_t call, int r) { return detail::concat("reached/", call, "/", r); }
+  static std::string at_key(int r) { return detail::concat("at/", r); }  // the latest call r was in for a beat
 
   // Note [Engine failures]: heartbeat, and interrupt the engine when a peer gave up.
   void watch() {
@@ -141,11 +142,9 @@ class EngineBackend : public Backend {
         // that does not notice by itself (MPI) is interrupted.
         const uint64_t call = in_call_.load(std::memory_order_acquire);
         if (call && engine_->can_interrupt() && !left_before(call).empty()) engine_->interrupt();
-        // A collective that lasts says so, for the timed_out() of a rank with a shorter deadline;
-        // only the latest such key stays.
+        // A collective that lasts says so, for the timed_out() of a rank with a shorter deadline.
         if (call && call != announced_) {
-          store_.set(reached_key(call, rank_), "1");
-          if (announced_) store_.delete_key(reached_key(announced_, rank_));
+          store_.set(at_key(rank_), std::to_string(call));
           announced_ = call;
         }
         if (!peer_abort_ && store_.check({"abort"})) {
@@ -243,7 +242,8 @@ class EngineBackend : public Backend {
     }
   }
 
-  // Each rank that timed out says how far it got; the ranks that did not say so are missing.
+  // Each rank that timed out says how far it got, and each watchdog says which call its rank has
+  // been in for a beat; the ranks that said neither are missing.
   [[noreturn]] void timed_out(const Call& c, const std::string& what) {
     std::vector<int> missing;
     if (c.kind == OpKind::Send || c.kind == OpKind::Recv) {
@@ -253,12 +253,16 @@ class EngineBackend : public Backend {
         store_.set(reached_key(calls_, rank_), "1");
         std::vector<std::string> keys;
         for (int r = 0; r < size_; ++r) keys.push_back(reached_key(calls_, r));
-        try {  // the others in this call said so already (watch()), or say so as they time out
+        try {  // the others that time out in this call say so meanwhile
           store_.wait(keys, 2s);
         } catch (const StoreError&) {
         }
+        auto reached = [&](int r) {
+          if (store_.check({keys[size_t(r)]})) return true;
+          return store_.check({at_key(r)}) && std::stoull(store_.get(at_key(r))) >= calls_;
+        };
         for (int r = 0; r < size_; ++r)
-          if (!store_.check({keys[size_t(r)]})) missing.push_back(r);
+          if (!reached(r)) missing.push_back(r);
       } catch (const std::exception&) {
       }
     }
@@ -477,7 +481,7 @@ class EngineBackend : public Backend {
   std::thread watchdog_;
   std::atomic<bool> peer_abort_{false};
   std::atomic<uint64_t> in_call_{0};  // the collective in progress (its number), or 0
-  uint64_t announced_ = 0;             // the last collective watch() said this rank reached
+  uint64_t announced_ = 0;             // the last collective watch() said this rank was in
   std::mutex left_mu_;
   std::map<int, uint64_t> left_;      // ranks that left, and how many collectives they had made
   std::mutex record_mu_;
