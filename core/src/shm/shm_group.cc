@@ -45,6 +45,10 @@ void ShmGroup::start(const Call& call) {
   checked_ = false;
   started_ = call.start;
   deadline_ = call.deadline;
+  if (d.invalid) {
+    sync();  // raises InvalidArgument here and on every other rank
+    throw InvalidArgument(call.invalid);
+  }
 }
 
 void ShmGroup::post() {

@@ -37,7 +37,9 @@ class ShmGroup {
   Segment& segment() { return seg_; }
 
   // Begins a call (Note [Call check]): publishes its descriptor and counts.
-  void start(const Call& call);  // collectives only, one at a time
+  // Collectives only, one at a time. A call this rank found invalid ends here: the first phase
+  // raises InvalidArgument on every rank.
+  void start(const Call& call);
   // The current call's inline payload of this rank / of rank r (kInlineBytes).
   uint8_t* my_inline() { return seg_.ctrl(rank_).calls[call_ & 1].data; }
   const uint8_t* inline_of(int r) { return seg_.ctrl(r).calls[call_ & 1].data; }
