@@ -21,11 +21,25 @@ constexpr uint64_t kMagic = 0x63686f7275733031ull;  // "chorus01"
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
-[[noreturn]] void fail(const std::string& what, const std::string& name) {
-  throw Error(detail::concat("shared memory: ", what, " '", name, "': ", std::strerror(errno)));
-}
+[[noreturn]] void fail(const std::string& what, const std::string& name) { shm_fail("shared memory", what, name); }
 
 }  // namespace
+
+void shm_fail(const std::string& who, const std::string& what, const std::string& name) {
+  throw Error(detail::concat(who, ": ", what, " '", name, "': ", std::strerror(errno)));
+}
+
+int create_shm_object(const std::string& who, const std::string& name, size_t bytes, const std::string& hint) {
+  const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) shm_fail(who, "cannot create", name);
+  if (int rc = posix_fallocate(fd, 0, off_t(bytes)); rc != 0) {
+    close(fd);
+    shm_unlink(name.c_str());
+    errno = rc;
+    shm_fail(who, detail::concat("cannot allocate ", bytes, " bytes (is /dev/shm large enough?", hint, ") for"), name);
+  }
+  return fd;
+}
 
 std::string unique_shm_name() {
   std::random_device rd;
@@ -54,16 +68,7 @@ Segment::Segment(Store& store, int rank, int world, size_t slot_bytes, Clock::ti
   int fd = -1;
   if (rank == 0) {
     name = unique_shm_name();
-    fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-    if (fd < 0) fail("cannot create", name);
-    int rc = posix_fallocate(fd, 0, off_t(layout_.total));
-    if (rc != 0) {
-      close(fd);
-      shm_unlink(name.c_str());
-      errno = rc;
-      fail(detail::concat("cannot allocate ", layout_.total, " bytes (is /dev/shm large enough? a smaller "
-                          "CHORUS_SHM_CHUNK_BYTES needs less) for"), name);
-    }
+    fd = create_shm_object("shared memory", name, layout_.total, " a smaller CHORUS_SHM_CHUNK_BYTES needs less");
   } else {
     name = store.get("shm_name");
     fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);

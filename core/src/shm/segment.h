@@ -33,6 +33,14 @@ constexpr size_t kInlineBytes = 32;
 // A fresh name for a POSIX shared-memory object ("/chorus-<pid>-<random>", under 64 bytes).
 std::string unique_shm_name();
 
+// Throws Error("<who>: <what> '<name>': <errno's text>").
+[[noreturn]] void shm_fail(const std::string& who, const std::string& what, const std::string& name);
+
+// Creates the object `name` (which must not exist yet) with `bytes` allocated, and returns its
+// open descriptor. If the space cannot be had, unlinks the name and throws; `hint` follows the
+// message's question whether /dev/shm is large enough.
+int create_shm_object(const std::string& who, const std::string& name, size_t bytes, const std::string& hint = "");
+
 
 // Note [One line per call]: everything a peer needs to finish a small call sits in one cache
 // line: the descriptor, the inline payload, and the last phase the rank posted during this call.

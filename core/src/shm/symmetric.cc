@@ -46,9 +46,7 @@ namespace {
 
 constexpr size_t kNameBytes = 64;
 
-[[noreturn]] void fail(const std::string& what, const std::string& name) {
-  throw Error(detail::concat("alloc_symmetric: ", what, " '", name, "': ", std::strerror(errno)));
-}
+[[noreturn]] void fail(const std::string& what, const std::string& name) { shm_fail("alloc_symmetric", what, name); }
 
 uint8_t* map_object(int fd, size_t bytes, const std::string& name) {
   // Populated now, so the first collective on the buffer takes no page faults.
@@ -83,10 +81,6 @@ struct Owner {
 SymmetricMemory alloc_symmetric(ShmGroup& g, const Call& c) {
   const int world = g.world(), me = g.rank();
   g.start(c);
-  if (!c.invalid.empty()) {
-    g.sync();  // raises InvalidArgument here and on every other rank
-    throw InvalidArgument(c.invalid);
-  }
   const size_t bytes = size_t(c.count);
   auto region = std::make_shared<SymmetricRegion>();
   region->id = g.next_symmetric_id();
@@ -98,13 +92,7 @@ SymmetricMemory alloc_symmetric(ShmGroup& g, const Call& c) {
   }
 
   Unlink mine{unique_shm_name()};
-  int fd = shm_open(mine.name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-  if (fd < 0) fail("cannot create", mine.name);
-  if (int rc = posix_fallocate(fd, 0, off_t(bytes)); rc != 0) {
-    close(fd);
-    errno = rc;
-    fail(detail::concat("cannot allocate ", bytes, " bytes (is /dev/shm large enough?) for"), mine.name);
-  }
+  int fd = create_shm_object("alloc_symmetric", mine.name, bytes);
   region->bases[size_t(me)] = map_object(fd, bytes, mine.name);
   std::memset(g.write_slot(), 0, kNameBytes);
   std::memcpy(g.write_slot(), mine.name.data(), std::min(mine.name.size(), kNameBytes - 1));
