@@ -13,14 +13,19 @@
 namespace chorus::test {
 namespace {
 
-class Sweep : public ::testing::TestWithParam<SweepConfig> {};
-
-TEST_P(Sweep, EveryCollectiveDtypeOpAndCount) {
-  const SweepConfig config = GetParam();
+CommunicatorOptions options_for(const SweepConfig& config) {
   CommunicatorOptions options;
   options.backend = config.backend;
   options.shm_chunk_bytes = config.chunk_bytes;
   options.timeout = std::chrono::seconds(120);
+  return options;
+}
+
+class Sweep : public ::testing::TestWithParam<SweepConfig> {};
+
+TEST_P(Sweep, EveryCollectiveDtypeOpAndCount) {
+  const SweepConfig config = GetParam();
+  const CommunicatorOptions options = options_for(config);
   auto results = run_group(config.world, [&](Communicator& comm) { sweep(comm, config); }, options,
                            std::chrono::seconds(800));
   expect_all_ok(results);
@@ -57,9 +62,7 @@ class Symmetric : public ::testing::TestWithParam<SweepConfig> {};
 
 TEST_P(Symmetric, AllReduceBetweenSymmetricBuffers) {
   const SweepConfig config = GetParam();
-  CommunicatorOptions options;
-  options.backend = config.backend;
-  options.timeout = std::chrono::seconds(120);
+  const CommunicatorOptions options = options_for(config);
   auto results = run_group(config.world, [&](Communicator& comm) {
     const int W = comm.size(), me = comm.rank();
     RANK_CHECK(comm.alloc_symmetric(0).data() == nullptr, "alloc_symmetric(0) gave memory");
