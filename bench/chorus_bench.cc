@@ -3,9 +3,17 @@
 // hosts); under chorusrun, torchrun or mpirun it runs as one of the ranks.
 //
 // Each measurement: warm-up runs, then per iteration fresh input (values depend on the
-// iteration), a barrier, the timed call, and a check of the output against the exact expected
-// values (outside the timed region). Reported: rank 0's median and p95 in microseconds, and
-// algbw/busbw in GB/s with nccl-tests' factors.
+// iteration), a barrier, the timed call, a barrier, and a check of the output against the exact
+// expected values (outside the timed region). Reported: rank 0's median and p95 in
+// microseconds, and algbw/busbw in GB/s with nccl-tests' factors.
+//
+// Note [Quiet between calls]: with more ranks than cores, a rank that has finished the call and
+// starts filling or checking buffers (milliseconds of work at 1 MiB) holds a core that a peer
+// still inside the call may need: the peer, and with it rank 0's clock, waits out the busy
+// rank's time slice. The measurement would then time the bench's own checking, not the call
+// (seen: 1 MiB all_reduce at W=4, median 2.1 ms with it, 0.25 ms without). So every rank waits
+// for the others to leave the call before it does any work of its own, as the peers' benchmarks
+// do by doing no work between calls at all.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -152,6 +160,7 @@ int worker(const Options& o) {
         op.run(*comm, b, count, dt);
         auto t1 = Clock::now();
         if (i >= 0) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+        comm->barrier();  // Note [Quiet between calls]
         if (o.check) {
           std::string why = op.verify(b, count, dt, rank, world, i + o.warmup);
           if (!why.empty()) {
