@@ -334,11 +334,8 @@ void Communicator::run(Call& call, Timeout timeout) {
   execute(call, timeout);
 }
 
-void Communicator::execute(Call& call, Timeout timeout) {
-  execute_with(call, timeout, [&] { backend_->run(call); });
-}
-
-void Communicator::execute_with(Call& call, Timeout timeout, const std::function<void()>& body) {
+template <class Body>
+void Communicator::execute_with(Call& call, Timeout timeout, Body&& body) {
   if (aborted_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(state_mu_);
     std::rethrow_exception(failed_);
@@ -353,6 +350,10 @@ void Communicator::execute_with(Call& call, Timeout timeout, const std::function
     fail(std::current_exception());
     throw;
   }
+}
+
+void Communicator::execute(Call& call, Timeout timeout) {
+  execute_with(call, timeout, [&] { backend_->run(call); });
 }
 
 void Communicator::fail(const std::exception_ptr& error) {

@@ -13,7 +13,8 @@ ShmGroup::ShmGroup(Store& store, int rank, int world, const BackendOptions& opti
       world_(world),
       name_(options.group_name),
       seg_(store, rank, world, options.shm_chunk_bytes, options.deadline, options.group_name),
-      policy_(SpinPolicy::for_group(world)) {
+      policy_(SpinPolicy::for_group(world)),
+      calls_(size_t(world)) {
   for (int r = 0; r < world; ++r)
     if (r != rank) watch_.watch(r, seg_.ctrl(r).pid.load());
 }
@@ -81,10 +82,9 @@ void ShmGroup::wait() {
 }
 
 void ShmGroup::validate() {
-  std::vector<RankCall> all;
   for (int p = 0; p < world_; ++p)
-    all.push_back({seg_.ctrl(p).calls[call_ & 1].desc, counts_of(p), seg_.ctrl(p).invalid_text[call_ & 1]});
-  check_calls(all, rank_, call_, name_);
+    calls_[size_t(p)] = {seg_.ctrl(p).calls[call_ & 1].desc, counts_of(p), seg_.ctrl(p).invalid_text[call_ & 1]};
+  check_calls(calls_, rank_, call_, name_);
 }
 
 void ShmGroup::check_peers(const std::vector<int>& awaited, const std::string& what, Clock::time_point started,

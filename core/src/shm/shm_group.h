@@ -92,6 +92,7 @@ class ShmGroup {
   uint32_t phase_ = 0;  // last phase this rank posted
   uint64_t call_ = 0;   // index of the current call
   bool checked_ = true;  // the current call's descriptors were compared
+  std::vector<RankCall> calls_;  // validate()'s view of every rank's call, kept between calls
   uint32_t symmetric_made_ = 0;
   std::shared_ptr<SymmetricRegistry> symmetric_ = std::make_shared<SymmetricRegistry>();
   Clock::time_point started_, deadline_;

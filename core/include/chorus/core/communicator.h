@@ -173,7 +173,8 @@ class Communicator {
   void gather_family(OpKind kind, const void* in, void* out, size_t count, const std::vector<size_t>* counts,
                      DataType dtype, int root, Timeout timeout);
   void execute(Call& call, Timeout timeout);  // after ordering: the backend, and the aborted state
-  void execute_with(Call& call, Timeout timeout, const std::function<void()>& body);  // body instead of run()
+  template <class Body>
+  void execute_with(Call& call, Timeout timeout, Body&& body);  // body instead of run(); communicator.cc only
   std::shared_ptr<Work> submit(std::function<void()> fn);
   // Point-to-point ordering: a ticket per (peer, direction), taken when the call is issued.
   uint64_t take_ticket(bool send, int peer);
