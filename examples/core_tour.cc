@@ -15,7 +15,8 @@ int main() {
   std::vector<float> grad(1 << 20, float(comm->rank() + 1));
   comm->all_reduce(grad.data(), grad.data(), grad.size(), chorus::DataType::Float32,
                    chorus::ReduceOp::Mean);  // in place, identical bits on every rank
-  auto work = comm->broadcast_async(grad.data(), grad.size(), chorus::DataType::Float32, /*root=*/0);
+  // Collectives queued to run in the background, in order; the Work says when they are done.
+  auto work = comm->submit([&] { comm->broadcast(grad.data(), grad.size(), chorus::DataType::Float32, /*root=*/0); });
   work->wait();
   std::vector<int> evens;
   for (int r = 0; r < comm->size(); r += 2) evens.push_back(r);

@@ -1,5 +1,5 @@
 // What a communication engine implements. The Communicator validates arguments, owns deadlines,
-// the async executor and the aborted state; a backend only moves and reduces bytes.
+// the call order and the aborted state; a backend compares calls and moves and reduces bytes.
 #pragma once
 
 #include <memory>
@@ -31,17 +31,33 @@ class Backend {
   virtual SymmetricMemory alloc_symmetric(const Call& call);
 };
 
-// Ordinary, zero-filled, 64-byte aligned memory behind a SymmetricMemory handle.
-SymmetricMemory private_memory(size_t bytes);
-
 struct BackendOptions {
   std::string group_name;
   size_t shm_chunk_bytes = 0;
   Clock::time_point deadline;  // for the rendezvous
 };
 
-// Backend names this build accepts: auto, shm, and gloo / mpi when built with their libraries.
+// Ordinary, zero-filled, 64-byte aligned memory behind a SymmetricMemory handle.
+SymmetricMemory private_memory(size_t bytes);
+
+// Note [Backend table]: the backends this build has, one row each, in the order "auto" tries
+// them: the first that can serve the group wins (NCCL's rule for transports). shm serves ranks
+// that are all on this host; gloo and mpi serve any group. A row exists only when its library
+// was found at build time (CHORUS_HAVE_GLOO, CHORUS_HAVE_MPI).
+struct BackendRow {
+  const char* name;
+  bool crosses_hosts;  // can serve ranks on several hosts
+  std::unique_ptr<Backend> (*make)(Store& store, int rank, int size, const BackendOptions& options);
+};
+const std::vector<BackendRow>& backend_table();
+// Backend names this build accepts: "auto", then the table's rows.
 std::vector<std::string> available_backends();
+// Throws InvalidArgument naming `group` and the accepted names unless `name` is one of them.
+void check_backend_name(const std::string& name, const std::string& group);
+// The row that serves a group asked for backend `name` ("auto" or a row's name); `elsewhere`
+// lists the ranks on other hosts ("" when all are on this host). Throws InvalidArgument when the
+// named backend cannot serve the group, or "auto" finds no row that can.
+const BackendRow& choose_backend(const std::string& name, const std::string& elsewhere, const std::string& group);
 
 // The shared-memory engine; every rank must be on this host. Collective over `size` ranks.
 std::unique_ptr<Backend> make_shm_backend(Store& store, int rank, int size, const BackendOptions& options);

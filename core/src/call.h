@@ -1,5 +1,6 @@
-// One collective or point-to-point call as the Communicator hands it to a backend: validated
-// arguments plus the deadline. Backends never see torch, only these.
+// One collective or point-to-point call as the Communicator hands it to a backend: its arguments
+// (validated on this rank, communicator/arguments.h), plus the deadline. Backends never see
+// torch, only these.
 #pragma once
 
 #include <chrono>
@@ -45,12 +46,12 @@ struct Call {
   // Non-empty when this rank's arguments were rejected: the backend still meets the others in
   // the call's first step so that every rank raises InvalidArgument, then throws this text.
   std::string invalid;
-  // Only compare the call with the other ranks' (Note [Call check]) and move no data: a layer
-  // that runs the call some other way (Note [Hierarchy]) checks it on the whole group first.
-  bool check_only = false;
-  // The whole group checked this very call already (Note [Hierarchy]): a backend whose check
+  // Only compare the call with the other ranks' (Note [Comparing calls]) and move no data: a layer
+  // that runs the call some other way (Note [Hierarchy]) compares it on the whole group first.
+  bool compare_only = false;
+  // The whole group compared this very call already (Note [Hierarchy]): a backend whose comparison
   // costs a network round (the engines) skips its own.
-  bool checked = false;
+  bool compared = false;
 };
 
 // "all_reduce(f32 x 1000, sum)" — how calls appear in error messages.

@@ -72,8 +72,8 @@ TEST_P(Async, WorkCompletesInOrderAndReportsErrors) {
     Communicator& comm = *owned;
     std::vector<float> a(100000, float(comm.rank() + 1)), b(1000, 0.0f);
     if (comm.rank() == 0) std::fill(b.begin(), b.end(), 7.0f);
-    auto w1 = comm.all_reduce_async(a.data(), a.data(), a.size(), DataType::Float32, ReduceOp::Sum);
-    auto w2 = comm.broadcast_async(b.data(), b.size(), DataType::Float32, 0);
+    auto w1 = comm.submit([&] { comm.all_reduce(a.data(), a.data(), a.size(), DataType::Float32, ReduceOp::Sum); });
+    auto w2 = comm.submit([&] { comm.broadcast(b.data(), b.size(), DataType::Float32, 0); });
     w2->wait();
     RANK_CHECK(w1->is_completed() && w1->is_success());
     w1->wait();
@@ -85,7 +85,7 @@ TEST_P(Async, WorkCompletesInOrderAndReportsErrors) {
       ctx.store->wait({"done/0"}, 60s);
       return;
     }
-    auto w = comm.barrier_async();
+    auto w = comm.submit([&] { comm.barrier(); });
     RANK_EXPECT_THROW(TimeoutError, w->wait(50ms));  // Work::wait's own limit
     RANK_CHECK(!w->is_completed());
     auto msg = RANK_EXPECT_THROW(TimeoutError, w->wait());  // the barrier's deadline

@@ -16,47 +16,30 @@ std::vector<at::Tensor> TensorWork::result(std::optional<std::chrono::millisecon
   return outputs_;
 }
 
+// Note [One body per collective]: each collective is written once, as a function that prepares it
+// on the caller's thread (checks its tensors, where a bad one rejects at once on every rank;
+// allocates its outputs) and returns its body: the core calls, then the copies into targets that
+// were not contiguous. The blocking form runs the body now; the async form queues the same body
+// behind the earlier async calls (Communicator::submit). The body holds its tensors, so they live
+// until it finished. Point to point is the exception: an async send or receive must take its
+// place in its (peer, direction) order when issued, so it goes through the core's send_async and
+// recv_async instead.
 namespace {
 
-// A finished TensorWork for the blocking forms.
-std::shared_ptr<TensorWork> done(std::vector<at::Tensor> outputs = {}) {
-  auto w = std::make_shared<TensorWork>(std::move(outputs));
-  w->finish(nullptr);
-  return w;
-}
-
-// target = what the core wrote into buf, when they are different tensors (non-contiguous target).
-void write_back(at::Tensor& target, const at::Tensor& buf) {
-  if (!buf.is_same(target)) target.copy_(buf);
-}
-
-}  // namespace
-
-// The contiguous tensor the core reads and writes for a caller's tensor.
-struct ProcessGroup::Buffer {
-  at::Tensor tensor;
-  DataType dtype;
-  size_t count;
-  void* data() const { return tensor.numel() ? tensor.data_ptr() : nullptr; }
+struct Prepared {
+  std::vector<at::Tensor> outputs;  // the collective's new tensors (TensorWork::result)
+  std::function<void()> body;
 };
 
-ProcessGroup::ProcessGroup(std::shared_ptr<Communicator> comm, std::vector<int> ranks)
-    : comm_(std::move(comm)), ranks_(std::move(ranks)) {
-  CHORUS_ENFORCE(comm_ != nullptr);
-  CHORUS_ENFORCE_EQ(ranks_.size(), size_t(comm_->size()));
+std::vector<at::Tensor> run_now(Prepared p) {
+  p.body();
+  return std::move(p.outputs);
 }
 
-ProcessGroup::Buffer ProcessGroup::input(const at::Tensor& t, const char* op, std::optional<ReduceOp> reduce) {
-  if (auto why = detail::tensor_problem(t, reduce); !why.empty()) comm_->reject(op, why);
-  at::Tensor c = detail::plain(t);
-  return Buffer{c, core_type(c.scalar_type())->dtype, core_count(c)};
-}
-
-// Wraps the core's work: the tensors stay alive until it finished, then `then` runs (copies into
-// non-contiguous targets) before the TensorWork completes.
-static std::shared_ptr<TensorWork> track(const std::shared_ptr<Work>& inner, std::vector<at::Tensor> outputs,
-                                         std::vector<at::Tensor> keep, std::function<void()> then = nullptr) {
-  auto w = std::make_shared<TensorWork>(std::move(outputs), std::move(keep));
+// The TensorWork of `inner`, finished once `then` (if any) has run after it.
+std::shared_ptr<TensorWork> track(const std::shared_ptr<Work>& inner, std::vector<at::Tensor> outputs,
+                                  std::function<void()> then = nullptr) {
+  auto w = std::make_shared<TensorWork>(std::move(outputs));
   inner->on_finish([w, then = std::move(then)](std::exception_ptr error) {
     if (!error && then) {
       try {
@@ -70,92 +53,100 @@ static std::shared_ptr<TensorWork> track(const std::shared_ptr<Work>& inner, std
   return w;
 }
 
-std::shared_ptr<TensorWork> ProcessGroup::all_reduce_impl(at::Tensor& t, ReduceOp op, bool async) {
-  Buffer b = input(t, "all_reduce_", op);
-  if (!async) {
-    comm_->all_reduce(b.data(), b.data(), b.count, b.dtype, op);
-    write_back(t, b.tensor);
-    return done();
-  }
-  return track(comm_->all_reduce_async(b.data(), b.data(), b.count, b.dtype, op), {}, {t, b.tensor},
-               [t, buf = b.tensor]() mutable { write_back(t, buf); });
+std::shared_ptr<TensorWork> submit(Communicator& comm, Prepared p) {
+  return track(comm.submit(std::move(p.body)), std::move(p.outputs));
 }
 
-std::shared_ptr<TensorWork> ProcessGroup::broadcast_impl(at::Tensor& t, int src, bool async) {
-  Buffer b = input(t, "broadcast_");
-  if (!async) {
-    comm_->broadcast(b.data(), b.count, b.dtype, src);
-    write_back(t, b.tensor);
-    return done();
-  }
-  return track(comm_->broadcast_async(b.data(), b.count, b.dtype, src), {}, {t, b.tensor},
-               [t, buf = b.tensor]() mutable { write_back(t, buf); });
+// target = what the core wrote into buf, when they are different tensors (non-contiguous target).
+void write_back(at::Tensor& target, const at::Tensor& buf) {
+  if (!buf.is_same(target)) target.copy_(buf);
 }
 
-std::shared_ptr<TensorWork> ProcessGroup::reduce_impl(at::Tensor& t, int dst, ReduceOp op, bool async) {
-  Buffer b = input(t, "reduce_", op);
-  const bool mine = dst == rank();
-  void* out = mine ? b.data() : nullptr;
-  if (!async) {
-    comm_->reduce(b.data(), out, b.count, b.dtype, op, dst);
-    if (mine) write_back(t, b.tensor);
-    return done();
-  }
-  return track(comm_->reduce_async(b.data(), out, b.count, b.dtype, op, dst), {}, {t, b.tensor},
-               [t, buf = b.tensor, mine]() mutable {
-                 if (mine) write_back(t, buf);
-               });
+void* data_of(const at::Tensor& t) { return t.defined() && t.numel() ? t.data_ptr() : nullptr; }
+
+// The contiguous tensor the core reads and writes for a caller's tensor.
+struct Buffer {
+  at::Tensor tensor;
+  DataType dtype;
+  size_t count;
+  void* data() const { return data_of(tensor); }
+};
+
+Buffer input(Communicator& comm, const at::Tensor& t, const char* op, std::optional<ReduceOp> reduce = std::nullopt) {
+  if (auto why = detail::tensor_problem(t, reduce); !why.empty()) comm.reject(op, why);
+  at::Tensor c = detail::plain(t);
+  return Buffer{c, core_type(c.scalar_type())->dtype, core_count(c)};
 }
 
-static std::vector<int64_t> stacked_shape(int64_t n, at::IntArrayRef sizes) {
+std::vector<int64_t> stacked_shape(int64_t n, at::IntArrayRef sizes) {
   std::vector<int64_t> s{n};
   s.insert(s.end(), sizes.begin(), sizes.end());
   return s;
 }
 
-std::shared_ptr<TensorWork> ProcessGroup::all_gather_impl(const at::Tensor& t, bool async) {
-  Buffer b = input(t, "all_gather");
-  at::Tensor out = at::empty(stacked_shape(size(), b.tensor.sizes()), b.tensor.options());
-  void* o = out.numel() ? out.data_ptr() : nullptr;
-  if (!async) {
-    comm_->all_gather(b.data(), o, b.count, b.dtype);
-    return done({out});
-  }
-  return track(comm_->all_gather_async(b.data(), o, b.count, b.dtype), {out}, {b.tensor});
+// reduce_scatter and all_to_all take (size() * n, ...).
+std::string blocks_problem(const at::Tensor& t, int w) {
+  if (auto why = detail::tensor_problem(t); !why.empty()) return why;
+  if (t.dim() == 0 || t.size(0) % w != 0)
+    return concat("the tensor is ", detail::describe(t), " but dim 0 must be a multiple of the group size ", w);
+  return "";
 }
 
-std::shared_ptr<TensorWork> ProcessGroup::gather_impl(const at::Tensor& t, int dst, bool async) {
-  Buffer b = input(t, "gather");
+Prepared all_reduce_body(Communicator& comm, at::Tensor& t, ReduceOp op) {
+  Buffer b = input(comm, t, "all_reduce_", op);
+  return {{}, [&comm, t, b, op]() mutable {
+            comm.all_reduce(b.data(), b.data(), b.count, b.dtype, op);
+            write_back(t, b.tensor);
+          }};
+}
+
+Prepared broadcast_body(Communicator& comm, at::Tensor& t, int src) {
+  Buffer b = input(comm, t, "broadcast_");
+  return {{}, [&comm, t, b, src]() mutable {
+            comm.broadcast(b.data(), b.count, b.dtype, src);
+            write_back(t, b.tensor);
+          }};
+}
+
+Prepared reduce_body(Communicator& comm, at::Tensor& t, int dst, ReduceOp op) {
+  Buffer b = input(comm, t, "reduce_", op);
+  const bool mine = dst == comm.rank();
+  return {{}, [&comm, t, b, dst, op, mine]() mutable {
+            comm.reduce(b.data(), mine ? b.data() : nullptr, b.count, b.dtype, op, dst);
+            if (mine) write_back(t, b.tensor);
+          }};
+}
+
+Prepared all_gather_body(Communicator& comm, const at::Tensor& t) {
+  Buffer b = input(comm, t, "all_gather");
+  at::Tensor out = at::empty(stacked_shape(comm.size(), b.tensor.sizes()), b.tensor.options());
+  return {{out}, [&comm, b, out] { comm.all_gather(b.data(), data_of(out), b.count, b.dtype); }};
+}
+
+Prepared gather_body(Communicator& comm, const at::Tensor& t, int dst) {
+  Buffer b = input(comm, t, "gather");
   at::Tensor out;
-  void* o = nullptr;
-  if (dst == rank()) {
-    out = at::empty(stacked_shape(size(), b.tensor.sizes()), b.tensor.options());
-    if (out.numel()) o = out.data_ptr();
-  }
+  if (dst == comm.rank()) out = at::empty(stacked_shape(comm.size(), b.tensor.sizes()), b.tensor.options());
   std::vector<at::Tensor> outputs;
   if (out.defined()) outputs.push_back(out);
-  if (!async) {
-    comm_->gather(b.data(), o, b.count, b.dtype, dst);
-    return done(outputs);
-  }
-  return track(comm_->gather_async(b.data(), o, b.count, b.dtype, dst), outputs, {b.tensor});
+  return {outputs, [&comm, b, out, dst] { comm.gather(b.data(), data_of(out), b.count, b.dtype, dst); }};
 }
 
 // Note [Shape agreement]: all_gather_v and scatter first move shapes (small blocking
 // collectives), so every rank can allocate its outputs; a rank whose input is bad rejects in
 // that first step, and a shape or dtype that differs between ranks is seen by all of them there.
-std::shared_ptr<TensorWork> ProcessGroup::all_gather_v_impl(const at::Tensor& t, bool async) {
-  Buffer b = input(t, "all_gather_v");
-  const int w = size();
+Prepared all_gather_v_body(Communicator& comm, const at::Tensor& t) {
+  Buffer b = input(comm, t, "all_gather_v");
+  const int w = comm.size();
   int64_t head[2] = {b.tensor.dim(), int64_t(b.tensor.scalar_type())};
   std::vector<int64_t> heads(size_t(2 * w));
-  comm_->all_gather(head, heads.data(), 2, DataType::Int64);
+  comm.all_gather(head, heads.data(), 2, DataType::Int64);
   std::vector<size_t> dims(static_cast<size_t>(w));
   for (int r = 0; r < w; ++r) dims[size_t(r)] = size_t(heads[size_t(2 * r)]);
   std::vector<int64_t> sizes(b.tensor.sizes().begin(), b.tensor.sizes().end());
   std::vector<int64_t> all_sizes;
   for (size_t d : dims) all_sizes.resize(all_sizes.size() + d);
-  comm_->all_gather_v(sizes.data(), all_sizes.data(), dims, DataType::Int64);
+  comm.all_gather_v(sizes.data(), all_sizes.data(), dims, DataType::Int64);
 
   bool same = true;
   std::vector<std::string> calls;
@@ -171,7 +162,7 @@ std::shared_ptr<TensorWork> ProcessGroup::all_gather_v_impl(const at::Tensor& t,
   if (!same) {
     std::string lines;
     for (int r = 0; r < w; ++r) lines += concat("\n  rank ", r, ": ", calls[size_t(r)]);
-    throw CollectiveMismatch(concat("all_gather_v on group '", name(),
+    throw CollectiveMismatch(concat("all_gather_v on group '", comm.name(),
                                     "': tensors may differ in size but must have the same number of dimensions and "
                                     "dtype on every rank:",
                                     lines),
@@ -192,20 +183,15 @@ std::shared_ptr<TensorWork> ProcessGroup::all_gather_v_impl(const at::Tensor& t,
     outputs.push_back(flat.narrow(0, offset, n).view(shapes[size_t(r)]));
     offset += n;
   }
-  void* o = total ? flat.data_ptr() : nullptr;
-  if (!async) {
-    comm_->all_gather_v(b.data(), o, counts, b.dtype);
-    return done(outputs);
-  }
-  return track(comm_->all_gather_v_async(b.data(), o, counts, b.dtype), outputs, {b.tensor, flat});
+  return {outputs, [&comm, b, flat, counts] { comm.all_gather_v(b.data(), data_of(flat), counts, b.dtype); }};
 }
 
-std::shared_ptr<TensorWork> ProcessGroup::scatter_impl(const std::optional<at::Tensor>& stacked, int src, bool async) {
+Prepared scatter_body(Communicator& comm, const std::optional<at::Tensor>& stacked, int src) {
   constexpr int kMaxDims = 64;
-  const int w = size();
+  const int w = comm.size();
   if (src < 0 || src >= w)
-    comm_->reject("scatter", concat("source ", src, " is not a rank of this group (size ", w, ")"));
-  const bool mine = rank() == src;
+    comm.reject("scatter", concat("source ", src, " is not a rank of this group (size ", w, ")"));
+  const bool mine = comm.rank() == src;
   Buffer b{};
   int64_t meta[2 + kMaxDims] = {0};
   if (mine) {
@@ -216,143 +202,122 @@ std::shared_ptr<TensorWork> ProcessGroup::scatter_impl(const std::optional<at::T
                    ", ...): one block per rank along dim 0");
     else if (stacked->dim() > kMaxDims) why = concat("tensors of more than ", kMaxDims - 1, " dims are not supported");
     else why = detail::tensor_problem(*stacked);
-    if (!why.empty()) comm_->reject("scatter", why);
-    b = input(*stacked, "scatter");
+    if (!why.empty()) comm.reject("scatter", why);
+    b = input(comm, *stacked, "scatter");
     meta[0] = int64_t(b.tensor.scalar_type());
     meta[1] = b.tensor.dim() - 1;
     for (int64_t d = 1; d < b.tensor.dim(); ++d) meta[1 + d] = b.tensor.size(d);
   }
-  comm_->broadcast(meta, 2 + kMaxDims, DataType::Int64, src);
+  comm.broadcast(meta, 2 + kMaxDims, DataType::Int64, src);
   const auto type = at::ScalarType(meta[0]);
   at::Tensor out = at::empty(at::IntArrayRef(meta + 2, size_t(meta[1])), at::TensorOptions().dtype(type));
   const size_t count = size_t(out.numel()) * core_type(type)->per_element;
   const DataType dtype = core_type(type)->dtype;
-  void* o = out.numel() ? out.data_ptr() : nullptr;
-  const void* in = mine ? b.data() : nullptr;
-  if (!async) {
-    comm_->scatter(in, o, count, dtype, src);
-    return done({out});
-  }
-  std::vector<at::Tensor> keep;
-  if (mine) keep.push_back(b.tensor);
-  return track(comm_->scatter_async(in, o, count, dtype, src), {out}, keep);
+  return {{out}, [&comm, b, out, count, dtype, src] { comm.scatter(b.data(), data_of(out), count, dtype, src); }};
 }
 
-// reduce_scatter and all_to_all take (size() * n, ...).
-static std::string blocks_problem(const at::Tensor& t, int w) {
-  if (auto why = detail::tensor_problem(t); !why.empty()) return why;
-  if (t.dim() == 0 || t.size(0) % w != 0)
-    return concat("the tensor is ", detail::describe(t), " but dim 0 must be a multiple of the group size ", w);
-  return "";
-}
-
-std::shared_ptr<TensorWork> ProcessGroup::reduce_scatter_impl(const at::Tensor& t, ReduceOp op, bool async) {
-  if (auto why = blocks_problem(t, size()); !why.empty()) comm_->reject("reduce_scatter", why);
-  Buffer b = input(t, "reduce_scatter", op);
+Prepared reduce_scatter_body(Communicator& comm, const at::Tensor& t, ReduceOp op) {
+  if (auto why = blocks_problem(t, comm.size()); !why.empty()) comm.reject("reduce_scatter", why);
+  Buffer b = input(comm, t, "reduce_scatter", op);
   auto shape = b.tensor.sizes().vec();
-  shape[0] /= size();
+  shape[0] /= comm.size();
   at::Tensor out = at::empty(shape, b.tensor.options());
-  const size_t count = b.count / size_t(size());
-  void* o = out.numel() ? out.data_ptr() : nullptr;
-  if (!async) {
-    comm_->reduce_scatter(b.data(), o, count, b.dtype, op);
-    return done({out});
-  }
-  return track(comm_->reduce_scatter_async(b.data(), o, count, b.dtype, op), {out}, {b.tensor});
+  const size_t count = b.count / size_t(comm.size());
+  return {{out}, [&comm, b, out, count, op] { comm.reduce_scatter(b.data(), data_of(out), count, b.dtype, op); }};
 }
 
-std::shared_ptr<TensorWork> ProcessGroup::all_to_all_impl(const at::Tensor& t, bool async) {
-  if (auto why = blocks_problem(t, size()); !why.empty()) comm_->reject("all_to_all", why);
-  Buffer b = input(t, "all_to_all");
+Prepared all_to_all_body(Communicator& comm, const at::Tensor& t) {
+  if (auto why = blocks_problem(t, comm.size()); !why.empty()) comm.reject("all_to_all", why);
+  Buffer b = input(comm, t, "all_to_all");
   at::Tensor out = at::empty_like(b.tensor, at::MemoryFormat::Contiguous);
-  const size_t count = b.count / size_t(size());
-  void* o = out.numel() ? out.data_ptr() : nullptr;
-  if (!async) {
-    comm_->all_to_all(b.data(), o, count, b.dtype);
-    return done({out});
-  }
-  return track(comm_->all_to_all_async(b.data(), o, count, b.dtype), {out}, {b.tensor});
+  const size_t count = b.count / size_t(comm.size());
+  return {{out}, [&comm, b, out, count] { comm.all_to_all(b.data(), data_of(out), count, b.dtype); }};
 }
 
 // Point to point: a bad tensor is this rank's error only (the peer's matching call fails on
 // its own deadline or mismatch), so it throws here without communicating.
-static void check_p2p(const at::Tensor& t, const char* op) {
+Buffer message(const at::Tensor& t, const char* op, bool receiving) {
   if (auto why = detail::tensor_problem(t); !why.empty()) throw InvalidArgument(concat(op, ": ", why));
+  at::Tensor c = receiving ? (t.is_contiguous() ? t : at::empty_like(t, at::MemoryFormat::Contiguous)) : detail::plain(t);
+  return Buffer{c, core_type(c.scalar_type())->dtype, core_count(c)};
 }
 
-std::shared_ptr<TensorWork> ProcessGroup::send_impl(const at::Tensor& t, int dst, int tag, bool async) {
-  check_p2p(t, "send");
-  at::Tensor c = detail::plain(t);
-  const DataType dtype = core_type(c.scalar_type())->dtype;
-  void* p = c.numel() ? c.data_ptr() : nullptr;
-  if (!async) {
-    comm_->send(p, core_count(c), dtype, dst, tag);
-    return done();
-  }
-  return track(comm_->send_async(p, core_count(c), dtype, dst, tag), {}, {c});
+}  // namespace
+
+ProcessGroup::ProcessGroup(std::shared_ptr<Communicator> comm, std::vector<int> ranks)
+    : comm_(std::move(comm)), ranks_(std::move(ranks)) {
+  CHORUS_ENFORCE(comm_ != nullptr);
+  CHORUS_ENFORCE_EQ(ranks_.size(), size_t(comm_->size()));
 }
 
-std::shared_ptr<TensorWork> ProcessGroup::recv_impl(at::Tensor& t, int src, int tag, bool async) {
-  check_p2p(t, "recv");
-  at::Tensor c = t.is_contiguous() ? t : at::empty_like(t, at::MemoryFormat::Contiguous);
-  const DataType dtype = core_type(c.scalar_type())->dtype;
-  void* p = c.numel() ? c.data_ptr() : nullptr;
-  if (!async) {
-    comm_->recv(p, core_count(c), dtype, src, tag);
-    write_back(t, c);
-    return done();
-  }
-  return track(comm_->recv_async(p, core_count(c), dtype, src, tag), {}, {t, c},
-               [t, c]() mutable { write_back(t, c); });
-}
-
-void ProcessGroup::all_reduce_(at::Tensor& t, ReduceOp op) { all_reduce_impl(t, op, false); }
-void ProcessGroup::broadcast_(at::Tensor& t, int src) { broadcast_impl(t, src, false); }
-void ProcessGroup::reduce_(at::Tensor& t, int dst, ReduceOp op) { reduce_impl(t, dst, op, false); }
-at::Tensor ProcessGroup::all_gather(const at::Tensor& t) { return all_gather_impl(t, false)->outputs_[0]; }
-std::vector<at::Tensor> ProcessGroup::all_gather_v(const at::Tensor& t) { return all_gather_v_impl(t, false)->outputs_; }
+void ProcessGroup::all_reduce_(at::Tensor& t, ReduceOp op) { run_now(all_reduce_body(*comm_, t, op)); }
+void ProcessGroup::broadcast_(at::Tensor& t, int src) { run_now(broadcast_body(*comm_, t, src)); }
+void ProcessGroup::reduce_(at::Tensor& t, int dst, ReduceOp op) { run_now(reduce_body(*comm_, t, dst, op)); }
+at::Tensor ProcessGroup::all_gather(const at::Tensor& t) { return run_now(all_gather_body(*comm_, t))[0]; }
+std::vector<at::Tensor> ProcessGroup::all_gather_v(const at::Tensor& t) { return run_now(all_gather_v_body(*comm_, t)); }
 std::optional<at::Tensor> ProcessGroup::gather(const at::Tensor& t, int dst) {
-  auto w = gather_impl(t, dst, false);
-  if (w->outputs_.empty()) return std::nullopt;
-  return w->outputs_[0];
+  auto outputs = run_now(gather_body(*comm_, t, dst));
+  if (outputs.empty()) return std::nullopt;
+  return outputs[0];
 }
 at::Tensor ProcessGroup::scatter(const std::optional<at::Tensor>& stacked, int src) {
-  return scatter_impl(stacked, src, false)->outputs_[0];
+  return run_now(scatter_body(*comm_, stacked, src))[0];
 }
 at::Tensor ProcessGroup::reduce_scatter(const at::Tensor& t, ReduceOp op) {
-  return reduce_scatter_impl(t, op, false)->outputs_[0];
+  return run_now(reduce_scatter_body(*comm_, t, op))[0];
 }
-at::Tensor ProcessGroup::all_to_all(const at::Tensor& t) { return all_to_all_impl(t, false)->outputs_[0]; }
-void ProcessGroup::send(const at::Tensor& t, int dst, int tag) { send_impl(t, dst, tag, false); }
-void ProcessGroup::recv(at::Tensor& t, int src, int tag) { recv_impl(t, src, tag, false); }
+at::Tensor ProcessGroup::all_to_all(const at::Tensor& t) { return run_now(all_to_all_body(*comm_, t))[0]; }
 void ProcessGroup::barrier(std::optional<std::chrono::milliseconds> timeout) { comm_->barrier(timeout); }
 
 std::shared_ptr<TensorWork> ProcessGroup::all_reduce_async(at::Tensor& t, ReduceOp op) {
-  return all_reduce_impl(t, op, true);
+  return submit(*comm_, all_reduce_body(*comm_, t, op));
 }
-std::shared_ptr<TensorWork> ProcessGroup::broadcast_async(at::Tensor& t, int src) { return broadcast_impl(t, src, true); }
+std::shared_ptr<TensorWork> ProcessGroup::broadcast_async(at::Tensor& t, int src) {
+  return submit(*comm_, broadcast_body(*comm_, t, src));
+}
 std::shared_ptr<TensorWork> ProcessGroup::reduce_async(at::Tensor& t, int dst, ReduceOp op) {
-  return reduce_impl(t, dst, op, true);
+  return submit(*comm_, reduce_body(*comm_, t, dst, op));
 }
-std::shared_ptr<TensorWork> ProcessGroup::all_gather_async(const at::Tensor& t) { return all_gather_impl(t, true); }
+std::shared_ptr<TensorWork> ProcessGroup::all_gather_async(const at::Tensor& t) {
+  return submit(*comm_, all_gather_body(*comm_, t));
+}
 std::shared_ptr<TensorWork> ProcessGroup::all_gather_v_async(const at::Tensor& t) {
-  return all_gather_v_impl(t, true);
+  return submit(*comm_, all_gather_v_body(*comm_, t));
 }
-std::shared_ptr<TensorWork> ProcessGroup::gather_async(const at::Tensor& t, int dst) { return gather_impl(t, dst, true); }
+std::shared_ptr<TensorWork> ProcessGroup::gather_async(const at::Tensor& t, int dst) {
+  return submit(*comm_, gather_body(*comm_, t, dst));
+}
 std::shared_ptr<TensorWork> ProcessGroup::scatter_async(const std::optional<at::Tensor>& stacked, int src) {
-  return scatter_impl(stacked, src, true);
+  return submit(*comm_, scatter_body(*comm_, stacked, src));
 }
 std::shared_ptr<TensorWork> ProcessGroup::reduce_scatter_async(const at::Tensor& t, ReduceOp op) {
-  return reduce_scatter_impl(t, op, true);
+  return submit(*comm_, reduce_scatter_body(*comm_, t, op));
 }
-std::shared_ptr<TensorWork> ProcessGroup::all_to_all_async(const at::Tensor& t) { return all_to_all_impl(t, true); }
+std::shared_ptr<TensorWork> ProcessGroup::all_to_all_async(const at::Tensor& t) {
+  return submit(*comm_, all_to_all_body(*comm_, t));
+}
+std::shared_ptr<TensorWork> ProcessGroup::barrier_async() {
+  Communicator& comm = *comm_;
+  return submit(comm, {{}, [&comm] { comm.barrier(); }});
+}
+
+void ProcessGroup::send(const at::Tensor& t, int dst, int tag) {
+  Buffer m = message(t, "send", false);
+  comm_->send(m.data(), m.count, m.dtype, dst, tag);
+}
+void ProcessGroup::recv(at::Tensor& t, int src, int tag) {
+  Buffer m = message(t, "recv", true);
+  comm_->recv(m.data(), m.count, m.dtype, src, tag);
+  write_back(t, m.tensor);
+}
 std::shared_ptr<TensorWork> ProcessGroup::send_async(const at::Tensor& t, int dst, int tag) {
-  return send_impl(t, dst, tag, true);
+  Buffer m = message(t, "send", false);
+  return track(comm_->send_async(m.data(), m.count, m.dtype, dst, tag), {}, [m] {});
 }
 std::shared_ptr<TensorWork> ProcessGroup::recv_async(at::Tensor& t, int src, int tag) {
-  return recv_impl(t, src, tag, true);
+  Buffer m = message(t, "recv", true);
+  return track(comm_->recv_async(m.data(), m.count, m.dtype, src, tag), {}, [t, m]() mutable { write_back(t, m.tensor); });
 }
-std::shared_ptr<TensorWork> ProcessGroup::barrier_async() { return track(comm_->barrier_async(), {}, {}); }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::split(const std::vector<int>& ranks) {
   auto child = comm_->split(ranks);

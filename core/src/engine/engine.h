@@ -1,6 +1,6 @@
 // Backends that run on an existing communication engine (Gloo, MPI) instead of chorus's own
 // shared memory. An Engine moves bytes; EngineBackend turns it into a chorus Backend with the
-// same contract as shm: calls are checked against the other ranks' first (Note [Call check]),
+// same contract as shm: calls are checked against the other ranks' first (Note [Comparing calls]),
 // every dtype and op works (f16/bf16 reduce in f32, mean divides once at the end), timeouts name
 // the missing ranks, and a rank that dies or gives up is reported to the others within seconds
 // (Note [Engine failures]).

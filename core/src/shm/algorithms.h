@@ -1,6 +1,6 @@
 // The shared-memory collectives, one file each, all written in ShmGroup's phases
 // (Note [Phases]). Each runs after ShmGroup::start() and syncs at least once, which is where the
-// call is checked against the other ranks' (Note [Call check]).
+// call is checked against the other ranks' (Note [Comparing calls]).
 #pragma once
 
 #include <algorithm>

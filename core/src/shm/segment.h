@@ -19,7 +19,7 @@
 #include <string>
 
 #include "call.h"
-#include "call_check.h"
+#include "call_compare.h"
 
 namespace chorus {
 class Store;

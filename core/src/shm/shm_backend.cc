@@ -18,7 +18,7 @@ class ShmBackend : public Backend {
       return c.kind == OpKind::Send ? send(g_, c) : recv(g_, c);
     }
     g_.start(c);
-    if (c.check_only) return g_.sync();
+    if (c.compare_only) return g_.sync();
     switch (c.kind) {
       case OpKind::Barrier:
       case OpKind::Split: return g_.sync();

@@ -43,7 +43,7 @@ void ShmGroup::start(const Call& call) {
   }
   if (d.invalid) put_text(me.invalid_text[call_ & 1], call.invalid);
   me.calls[call_ & 1].desc = d;
-  checked_ = false;
+  compared_ = false;
   started_ = call.start;
   deadline_ = call.deadline;
   if (d.invalid) {
@@ -75,16 +75,16 @@ void ShmGroup::wait() {
       check_peers(missing, call_name(), started_, deadline_);
     });
   }
-  if (!checked_) {
-    checked_ = true;
-    validate();
+  if (!compared_) {
+    compared_ = true;
+    compare();
   }
 }
 
-void ShmGroup::validate() {
+void ShmGroup::compare() {
   for (int p = 0; p < world_; ++p)
     calls_[size_t(p)] = {seg_.ctrl(p).calls[call_ & 1].desc, counts_of(p), seg_.ctrl(p).invalid_text[call_ & 1]};
-  check_calls(calls_, rank_, call_, name_);
+  compare_calls(calls_, rank_, call_, name_);
 }
 
 void ShmGroup::check_peers(const std::vector<int>& awaited, const std::string& what, Clock::time_point started,

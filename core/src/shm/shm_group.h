@@ -8,8 +8,8 @@
 // of them have finished reading phase n. Every rank runs the same phases in the same order, so
 // the phase counters agree without ever being exchanged.
 //
-// Note [Call check] (call_check.h) on shared memory: before its first sync a call publishes its
-// descriptor and counts in the call line of its parity, and the first sync runs check_calls on
+// Note [Comparing calls] (call_compare.h) on shared memory: before its first sync a call publishes its
+// descriptor and counts in the call line of its parity, and the first sync runs compare_calls on
 // every rank's before anyone reads data.
 #pragma once
 
@@ -19,6 +19,7 @@
 
 #include "abort_cause.h"
 #include "backend.h"
+#include "shm/peer_watch.h"
 #include "shm/segment.h"
 #include "shm/symmetric.h"
 #include "shm/waiter.h"
@@ -36,7 +37,7 @@ class ShmGroup {
   const std::string& name() const { return name_; }
   Segment& segment() { return seg_; }
 
-  // Begins a call (Note [Call check]): publishes its descriptor and counts.
+  // Begins a call (Note [Comparing calls]): publishes its descriptor and counts.
   // Collectives only, one at a time. A call this rank found invalid ends here: the first phase
   // raises InvalidArgument on every rank.
   void start(const Call& call);
@@ -77,7 +78,7 @@ class ShmGroup {
   const std::shared_ptr<SymmetricRegistry>& symmetric() const { return symmetric_; }
 
  private:
-  void validate();
+  void compare();  // Note [Comparing calls] on every rank's published call
   // Throws if the deadline passed, a peer in `awaited` died or left, or any peer aborted.
   void check_peers(const std::vector<int>& awaited, const std::string& what, Clock::time_point started,
                    Clock::time_point deadline);
@@ -91,8 +92,8 @@ class ShmGroup {
   PeerWatch watch_;
   uint32_t phase_ = 0;  // last phase this rank posted
   uint64_t call_ = 0;   // index of the current call
-  bool checked_ = true;  // the current call's descriptors were compared
-  std::vector<RankCall> calls_;  // validate()'s view of every rank's call, kept between calls
+  bool compared_ = true;  // the current call's descriptors were compared
+  std::vector<RankCall> calls_;  // compare()'s view of every rank's call, kept between calls
   uint32_t symmetric_made_ = 0;
   std::shared_ptr<SymmetricRegistry> symmetric_ = std::make_shared<SymmetricRegistry>();
   Clock::time_point started_, deadline_;

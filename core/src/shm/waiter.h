@@ -80,19 +80,4 @@ void wait_until(Ready&& ready, std::atomic<uint32_t>& word, std::atomic<uint32_t
   }
 }
 
-// Tells whether peer processes are still alive: pidfds where the kernel has them (they see a
-// killed child even before its parent reaps it), else kill(pid, 0) plus /proc's zombie state.
-class PeerWatch {
- public:
-  PeerWatch() = default;
-  ~PeerWatch();
-  PeerWatch(const PeerWatch&) = delete;
-  PeerWatch& operator=(const PeerWatch&) = delete;
-  void watch(int rank, int pid);  // pid <= 0: unknown, always "alive"
-  bool alive(int rank) const;
-
- private:
-  std::vector<int> pids_, fds_;
-};
-
 }  // namespace chorus::shm

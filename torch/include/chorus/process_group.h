@@ -28,21 +28,18 @@ struct InitOptions {
   std::chrono::milliseconds timeout = std::chrono::minutes(30);  // default deadline of every call
 };
 
-// The handle of an asynchronous tensor collective. Keeps the tensors it reads and writes alive
-// until it finishes.
+// The handle of an asynchronous tensor collective. The collective keeps the tensors it reads and
+// writes alive until it finishes.
 class TensorWork : public Work {
  public:
-  explicit TensorWork(std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep = {})
-      : outputs_(std::move(outputs)), keep_(std::move(keep)) {}
+  explicit TensorWork(std::vector<at::Tensor> outputs) : outputs_(std::move(outputs)) {}
   // Blocks like wait() (and throws what it throws), then returns the collective's new tensors:
   // one for all_gather, gather (none off the destination), scatter, reduce_scatter, all_to_all;
   // one per rank for all_gather_v; none for the in-place collectives.
   std::vector<at::Tensor> result(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
 
  private:
-  friend class ProcessGroup;
   std::vector<at::Tensor> outputs_;
-  std::vector<at::Tensor> keep_;
 };
 
 class ProcessGroup {
@@ -104,20 +101,6 @@ class ProcessGroup {
   std::shared_ptr<ProcessGroup> split(const std::vector<int>& ranks);
 
  private:
-  struct Buffer;
-  Buffer input(const at::Tensor& t, const char* op, std::optional<ReduceOp> reduce = std::nullopt);
-  std::shared_ptr<TensorWork> all_reduce_impl(at::Tensor& t, ReduceOp op, bool async);
-  std::shared_ptr<TensorWork> broadcast_impl(at::Tensor& t, int src, bool async);
-  std::shared_ptr<TensorWork> reduce_impl(at::Tensor& t, int dst, ReduceOp op, bool async);
-  std::shared_ptr<TensorWork> all_gather_impl(const at::Tensor& t, bool async);
-  std::shared_ptr<TensorWork> all_gather_v_impl(const at::Tensor& t, bool async);
-  std::shared_ptr<TensorWork> gather_impl(const at::Tensor& t, int dst, bool async);
-  std::shared_ptr<TensorWork> scatter_impl(const std::optional<at::Tensor>& stacked, int src, bool async);
-  std::shared_ptr<TensorWork> reduce_scatter_impl(const at::Tensor& t, ReduceOp op, bool async);
-  std::shared_ptr<TensorWork> all_to_all_impl(const at::Tensor& t, bool async);
-  std::shared_ptr<TensorWork> send_impl(const at::Tensor& t, int dst, int tag, bool async);
-  std::shared_ptr<TensorWork> recv_impl(at::Tensor& t, int src, int tag, bool async);
-
   std::shared_ptr<Communicator> comm_;
   std::vector<int> ranks_;
 };

@@ -14,25 +14,23 @@
 // is an InvalidArgument. Results are bitwise identical on every rank.
 //
 // Collectives from several threads are serialized; the order in which they reach the group is
-// the order every rank must follow. Async collectives run on one executor thread per
-// communicator, in submission order, and a blocking collective first waits for the pending
-// async ones. Sends and receives are ordered per (peer, direction) in the order they are issued,
-// and run independently of collectives and of other peers, so a rank may post send_async to
-// one peer and then block in recv from another. Buffers must stay alive until the returned Work
-// completes.
+// the order every rank must follow. submit() queues collectives to run on one executor thread per
+// communicator, in submission order, and a blocking collective first waits for the submitted
+// ones. Sends and receives are ordered per (peer, direction) in the order they are issued, and
+// run independently of collectives and of other peers, so a rank may post send_async to one peer
+// and then block in recv from another. Buffers must stay alive until the returned Work completes.
+//
+// Where each step of a call lives: docs/tour.md.
 #pragma once
 
-#include <chrono>
 #include <atomic>
-#include <condition_variable>
+#include <chrono>
 #include <cstddef>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "chorus/core/dtype.h"
@@ -42,8 +40,9 @@
 namespace chorus {
 
 class Backend;
+class CallOrder;
+class Hierarchy;
 struct Call;
-enum class OpKind : uint8_t;
 
 struct CommunicatorOptions {
   // "auto" (CHORUS_BACKEND, else: shm when every rank is on this host; across hosts, shm inside
@@ -139,84 +138,44 @@ class Communicator {
   // non-member may exit, taking a store it hosts with it). Groups live independently.
   std::shared_ptr<Communicator> split(const std::vector<int>& ranks, Timeout timeout = {});
 
-  std::shared_ptr<Work> all_reduce_async(const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
-                                         Timeout timeout = {});
-  std::shared_ptr<Work> broadcast_async(void* buf, size_t count, DataType dtype, int root, Timeout timeout = {});
-  std::shared_ptr<Work> reduce_async(const void* in, void* out, size_t count, DataType dtype, ReduceOp op, int root,
-                                     Timeout timeout = {});
-  std::shared_ptr<Work> all_gather_async(const void* in, void* out, size_t count, DataType dtype,
-                                         Timeout timeout = {});
-  std::shared_ptr<Work> all_gather_v_async(const void* in, void* out, std::vector<size_t> counts, DataType dtype,
-                                           Timeout timeout = {});
-  std::shared_ptr<Work> gather_async(const void* in, void* out, size_t count, DataType dtype, int root,
-                                     Timeout timeout = {});
-  std::shared_ptr<Work> gather_v_async(const void* in, void* out, std::vector<size_t> counts, DataType dtype,
-                                       int root, Timeout timeout = {});
-  std::shared_ptr<Work> scatter_async(const void* in, void* out, size_t count, DataType dtype, int root,
-                                      Timeout timeout = {});
-  std::shared_ptr<Work> reduce_scatter_async(const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
-                                             Timeout timeout = {});
-  std::shared_ptr<Work> all_to_all_async(const void* in, void* out, size_t count, DataType dtype,
-                                         Timeout timeout = {});
-  std::shared_ptr<Work> all_to_all_v_async(const void* in, std::vector<size_t> send_counts, void* out,
-                                           std::vector<size_t> recv_counts, DataType dtype, Timeout timeout = {});
+  // Queues `collectives` (a function that makes blocking calls on this communicator) behind
+  // the ones submitted before, to run on this communicator's executor thread; returns at once.
+  // The Work finishes when the function returns, with what it threw. Buffers must stay alive
+  // until then. A blocking collective on another thread first waits for every submitted one.
+  std::shared_ptr<Work> submit(std::function<void()> collectives);
+  // Point to point without blocking: the message takes its place in the (peer, direction) order
+  // now, and moves on a thread of its own.
   std::shared_ptr<Work> send_async(const void* buf, size_t count, DataType dtype, int dst, int tag = 0,
                                    Timeout timeout = {});
   std::shared_ptr<Work> recv_async(void* buf, size_t count, DataType dtype, int src, int tag = 0,
                                    Timeout timeout = {});
-  std::shared_ptr<Work> barrier_async(Timeout timeout = {});
 
  private:
+  friend class Hierarchy;  // runs its steps through execute() and fail()
   Communicator(std::shared_ptr<Store> store, int rank, int size, CommunicatorOptions options);
-  void run(Call& call, Timeout timeout);  // the one path every call takes
-  // all_gather(_v) and gather(_v): one validation; counts null for the even forms.
-  void gather_family(OpKind kind, const void* in, void* out, size_t count, const std::vector<size_t>* counts,
-                     DataType dtype, int root, Timeout timeout);
+  // The one path every call takes: validate its arguments (communicator/arguments.h), take its
+  // place in the order (communicator/ordering.h), then execute it.
+  void run(Call& call, Timeout timeout);
+  std::shared_ptr<Work> run_async(Call call, Timeout timeout);  // send_async / recv_async
   void execute(Call& call, Timeout timeout);  // after ordering: the backend, and the aborted state
   template <class Body>
-  void execute_with(Call& call, Timeout timeout, Body&& body);  // body instead of run(); communicator.cc only
-  std::shared_ptr<Work> submit(std::function<void()> fn);
-  // Point-to-point ordering: a ticket per (peer, direction), taken when the call is issued.
-  uint64_t take_ticket(bool send, int peer);
-  void run_p2p(Call& call, Timeout timeout, uint64_t ticket);
-  std::shared_ptr<Work> submit_p2p(Call call, Timeout timeout);
-  Call make_p2p(OpKind kind, const void* in, void* out, size_t count, DataType dtype, int peer, int tag) const;
-  Call make_send(const void* buf, size_t count, DataType dtype, int dst, int tag) const;
-  Call make_recv(void* buf, size_t count, DataType dtype, int src, int tag) const;
-  void drain();  // waits until no async call is queued or running
+  void execute_with(Call& call, Timeout timeout, Body&& body);  // body instead of the backend's run()
   // Marks the communicator failed after an error that leaves the group unusable.
   void fail(const std::exception_ptr& error);
   std::shared_ptr<Communicator> split_as(const std::vector<int>& ranks, const std::string& backend, Timeout timeout);
-  void build_hierarchy();
-  bool hierarchical(const Call& c) const;
-  void hierarchical_all_reduce(Call& c, Timeout timeout);
-  void executor_loop();
 
   std::shared_ptr<Store> store_;
   int rank_, size_;
   CommunicatorOptions options_;
   std::unique_ptr<Backend> backend_;
-  std::mutex call_mu_;         // one collective at a time reaches the backend
+  std::unique_ptr<Hierarchy> hierarchy_;  // Note [Hierarchy]: across hosts, when it can serve
+  std::unique_ptr<CallOrder> order_;      // the executor of submit() and the point-to-point order
+  std::mutex call_mu_;                    // one collective at a time reaches the backend
   std::mutex state_mu_;
-  std::exception_ptr failed_;  // set once aborted
-  std::atomic<bool> aborted_{false};  // failed_ is set: the fast path reads only this
+  std::exception_ptr failed_;             // set once aborted
+  std::atomic<bool> aborted_{false};      // failed_ is set: the fast path reads only this
   int splits_ = 0;
-  std::vector<std::string> hosts_;  // each rank's host identity
-  std::shared_ptr<Communicator> node_, cross_;  // Note [Hierarchy]: set when in use
-  std::vector<int> node_ranks_, cross_ranks_;   // their members, as ranks of this group
-  std::vector<uint8_t> hierarchy_slice_;         // this rank's slice, kept between calls
-
-  std::mutex p2p_mu_;
-  std::condition_variable p2p_cv_;
-  std::vector<uint64_t> p2p_issued_, p2p_done_;  // per (direction, peer): tickets taken / finished
-  std::vector<std::pair<std::thread, std::shared_ptr<Work>>> p2p_threads_;  // async sends/receives
-
-  std::mutex queue_mu_;
-  std::condition_variable queue_cv_;
-  std::deque<std::pair<std::function<void()>, std::shared_ptr<Work>>> queue_;
-  std::atomic<size_t> busy_{0};  // queued + running
-  bool stopping_ = false;
-  std::thread executor_;
+  std::vector<std::string> hosts_;        // each rank's host identity
 };
 
 }  // namespace chorus

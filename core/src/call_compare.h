@@ -1,9 +1,11 @@
-// Note [Call check]: before moving any data, every backend compares the ranks' calls: each rank
-// publishes a CallDesc (plus its counts, and why it rejected its arguments if it did) and checks
-// everyone's with check_calls. Different calls raise CollectiveMismatch on every rank, showing
-// each rank's call; a rank whose arguments were invalid makes every rank raise InvalidArgument.
-// How the descriptors travel is the backend's business (shared memory; or a max-reduction of
-// their fingerprints, and an all_gather of the whole records only when they differ).
+// Note [Comparing calls]: the cross-rank half of checking a call (the local half is argument
+// validation, communicator/arguments.h). Before moving any data, every backend compares the
+// ranks' calls: each rank publishes a CallDesc (plus its counts, and why its arguments were
+// invalid if they were) and compares everyone's with compare_calls. Different calls raise
+// CollectiveMismatch on every rank, showing each rank's call; a rank whose arguments were
+// invalid makes every rank raise InvalidArgument. How the descriptors travel is the backend's
+// business (shared memory; or a max-reduction of their fingerprints, and an all_gather of the
+// whole records only when they differ).
 #pragma once
 
 #include <cstdint>
@@ -37,7 +39,7 @@ std::string list_ranks(const std::vector<int>& ranks);
 void put_text(char* field, const std::string& text);
 std::string describe_desc(const CallDesc& d, const uint64_t* counts, int world);
 
-// What check_calls compares between ranks, as 64 bits: equal fingerprints mean equal calls
+// What compare_calls compares between ranks, as 64 bits: equal fingerprints mean equal calls
 // (but for a 2^-64 chance). A rejection does not count, and neither do all_to_all_v's counts,
 // which rightly differ between ranks. Lets a backend check a call with one small max-reduction
 // and gather the whole descriptors only when the ranks disagree.
@@ -51,7 +53,7 @@ struct RankCall {
 };
 
 // Throws InvalidArgument or CollectiveMismatch unless every rank made this rank's call
-// (Note [Call check]). `all` is indexed by rank; `group` names the group in messages.
-void check_calls(const std::vector<RankCall>& all, int me, uint64_t index, const std::string& group);
+// (Note [Comparing calls]). `all` is indexed by rank; `group` names the group in messages.
+void compare_calls(const std::vector<RankCall>& all, int me, uint64_t index, const std::string& group);
 
 }  // namespace chorus

@@ -1,4 +1,4 @@
-#include "call_check.h"
+#include "call_compare.h"
 
 #include <algorithm>
 #include <cstring>
@@ -71,7 +71,7 @@ std::string describe_desc(const CallDesc& d, const uint64_t* counts, int world) 
   return s;
 }
 
-void check_calls(const std::vector<RankCall>& all, int me, uint64_t index, const std::string& group) {
+void compare_calls(const std::vector<RankCall>& all, int me, uint64_t index, const std::string& group) {
   const int world = int(all.size());
   const CallDesc mine = all[size_t(me)].desc;
   bool invalid = false, mismatch = false;

@@ -1,0 +1,289 @@
+// The Communicator's public surface: each call is described once as a Call and takes the one path
+// in run(). The jobs behind it live beside this file: arguments.cc validates, ordering.cc orders,
+// hierarchy.cc runs all_reduce across hosts, backend_table.cc picks the backend (docs/tour.md).
+#include "chorus/core/communicator.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <set>
+
+#include "backend.h"
+#include "call_compare.h"
+#include "chorus/core/error.h"
+#include "chorus/core/prefix_store.h"
+#include "chorus/core/rendezvous.h"
+#include "chorus/core/settings.h"
+#include "communicator/arguments.h"
+#include "communicator/hierarchy.h"
+#include "communicator/ordering.h"
+
+namespace chorus {
+namespace {
+
+std::string host_identity() {
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  return std::string(host) + " " + boot;
+}
+
+std::vector<uint64_t> counts_of(const std::vector<size_t>& v) { return {v.begin(), v.end()}; }
+
+bool point_to_point(const Call& c) { return c.kind == OpKind::Send || c.kind == OpKind::Recv; }
+
+}  // namespace
+
+std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store, int rank, int size,
+                                                   CommunicatorOptions options) {
+  if (!store) throw InvalidArgument("Communicator::create: the store is null");
+  if (size < 1 || rank < 0 || rank >= size)
+    throw InvalidArgument(detail::concat("Communicator::create: rank ", rank, " is not in [0, ", size, ")"));
+  if (settings().timeout) options.timeout = *settings().timeout;
+  if (options.shm_chunk_bytes == 0) options.shm_chunk_bytes = settings().shm_chunk_bytes;
+  const bool automatic = options.backend == "auto" && settings().backend == "auto";
+  auto comm = std::shared_ptr<Communicator>(new Communicator(std::move(store), rank, size, std::move(options)));
+  if (automatic && comm->host_count() > 1)
+    comm->hierarchy_ = Hierarchy::build(*comm, comm->hosts_, comm->backend_->name());
+  return comm;
+}
+
+Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, CommunicatorOptions options)
+    : rank_(rank), size_(size), options_(std::move(options)), order_(std::make_unique<CallOrder>(size)) {
+  // Every rank creates its communicators in the same order, so a per-rank counter names this
+  // group's keys identically everywhere and a re-created group never sees stale keys.
+  const int64_t generation = store->add(detail::concat("chorus/", options_.name, "/created_by/", rank), 1);
+  store_ = std::make_shared<PrefixStore>(detail::concat("chorus/", options_.name, "/", generation), store);
+
+  const std::string backend = options_.backend == "auto" ? settings().backend : options_.backend;
+  check_backend_name(backend, options_.name);
+  const auto deadline = Clock::now() + options_.timeout;
+  std::string elsewhere;  // the ranks on other hosts
+  if (size_ > 1) {
+    const std::string me = host_identity();
+    store_->set(detail::concat("host/", rank_), me);
+    std::vector<std::string> keys;
+    for (int r = 0; r < size_; ++r) keys.push_back(detail::concat("host/", r));
+    // Wait in slices, listening between them for a launcher that gave up on the job.
+    for (;;) {
+      try {
+        store_->wait(keys, std::min<std::chrono::milliseconds>(std::chrono::seconds(1), options_.timeout));
+        break;
+      } catch (const StoreError&) {
+        if (auto aborted = rendezvous_aborted(*store))
+          throw PeerFailure(detail::concat("group '", options_.name, "': rank ", rank_,
+                                           " stopped waiting for the others to join: ", aborted->second),
+                            aborted->first);
+        if (Clock::now() < deadline) continue;
+      }
+      std::vector<int> absent;
+      for (int r = 0; r < size_; ++r)
+        if (!store_->check({keys[size_t(r)]})) absent.push_back(r);
+      throw TimeoutError(detail::concat("group '", options_.name, "': rank ", rank_, " waited ",
+                                        options_.timeout.count(), " ms for ranks ", list_ranks(absent),
+                                        " to join; did every rank create the group?"),
+                         absent, "init");
+    }
+    for (int r = 0; r < size_; ++r) {
+      std::string other = store_->get(keys[size_t(r)]);
+      if (other != me)
+        elsewhere += detail::concat(elsewhere.empty() ? "" : ", ", r, " (", other.substr(0, other.find(' ')), ")");
+      hosts_.push_back(std::move(other));
+    }
+  }
+  BackendOptions bo;
+  bo.group_name = options_.name;
+  bo.shm_chunk_bytes = options_.shm_chunk_bytes;
+  bo.deadline = deadline;
+  backend_ = choose_backend(backend, elsewhere, options_.name).make(*store_, rank_, size_, bo);
+  if (settings().log_level >= 1 && rank_ == 0)
+    std::fprintf(stderr, "[chorus] group '%s': %d ranks on backend %s\n", options_.name.c_str(), size_,
+                 backend_->name().c_str());
+}
+
+Communicator::~Communicator() { order_.reset(); }  // submitted work first: it uses the backend
+
+std::string Communicator::backend_name() const { return hierarchy_ ? hierarchy_->name() : backend_->name(); }
+
+int Communicator::host_count() const {
+  std::set<std::string> distinct(hosts_.begin(), hosts_.end());
+  return std::max<int>(1, int(distinct.size()));
+}
+
+void Communicator::run(Call& call, Timeout timeout) {
+  validate_arguments(call, rank_, size_, options_.name);
+  if (point_to_point(call))
+    return order_->in_turn(call, order_->take_ticket(call), [&] { execute(call, timeout); });
+  order_->drain();
+  std::lock_guard<std::mutex> lock(call_mu_);
+  if (hierarchy_ && hierarchy_->serves(call)) return hierarchy_->all_reduce(call, timeout);
+  execute(call, timeout);
+}
+
+std::shared_ptr<Work> Communicator::run_async(Call call, Timeout timeout) {
+  validate_arguments(call, rank_, size_, options_.name);
+  return order_->in_turn_async(call, [this, call, timeout]() mutable { execute(call, timeout); });
+}
+
+template <class Body>
+void Communicator::execute_with(Call& call, Timeout timeout, Body&& body) {
+  if (aborted_.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    std::rethrow_exception(failed_);
+  }
+  call.start = coarse_now();
+  call.deadline = call.start + timeout.value_or(options_.timeout);
+  try {
+    body();
+  } catch (const InvalidArgument&) {
+    throw;
+  } catch (const Error&) {
+    fail(std::current_exception());
+    throw;
+  }
+}
+
+void Communicator::execute(Call& call, Timeout timeout) {
+  execute_with(call, timeout, [&] { backend_->run(call); });
+}
+
+void Communicator::fail(const std::exception_ptr& error) {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  if (failed_) return;
+  failed_ = error;
+  backend_->abort(failed_);
+  aborted_.store(true, std::memory_order_release);
+}
+
+void Communicator::all_reduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op, Timeout timeout) {
+  Call c{.kind = OpKind::AllReduce, .dtype = dtype, .op = op, .count = count, .in = in, .out = out};
+  run(c, timeout);
+}
+
+void Communicator::broadcast(void* buf, size_t count, DataType dtype, int root, Timeout timeout) {
+  Call c{.kind = OpKind::Broadcast, .dtype = dtype, .root = root, .count = count, .out = buf};
+  run(c, timeout);
+}
+
+void Communicator::reduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op, int root,
+                          Timeout timeout) {
+  Call c{.kind = OpKind::Reduce, .dtype = dtype, .op = op, .root = root, .count = count, .in = in, .out = out};
+  run(c, timeout);
+}
+
+void Communicator::all_gather(const void* in, void* out, size_t count, DataType dtype, Timeout timeout) {
+  Call c{.kind = OpKind::AllGather, .dtype = dtype, .count = count, .in = in, .out = out};
+  run(c, timeout);
+}
+
+void Communicator::all_gather_v(const void* in, void* out, const std::vector<size_t>& counts, DataType dtype,
+                                Timeout timeout) {
+  Call c{.kind = OpKind::AllGatherV, .dtype = dtype, .in = in, .out = out, .counts = counts_of(counts)};
+  run(c, timeout);
+}
+
+void Communicator::gather(const void* in, void* out, size_t count, DataType dtype, int root, Timeout timeout) {
+  Call c{.kind = OpKind::Gather, .dtype = dtype, .root = root, .count = count, .in = in, .out = out};
+  run(c, timeout);
+}
+
+void Communicator::gather_v(const void* in, void* out, const std::vector<size_t>& counts, DataType dtype, int root,
+                            Timeout timeout) {
+  Call c{.kind = OpKind::GatherV, .dtype = dtype, .root = root, .in = in, .out = out, .counts = counts_of(counts)};
+  run(c, timeout);
+}
+
+void Communicator::scatter(const void* in, void* out, size_t count, DataType dtype, int root, Timeout timeout) {
+  Call c{.kind = OpKind::Scatter, .dtype = dtype, .root = root, .count = count, .in = in, .out = out};
+  run(c, timeout);
+}
+
+void Communicator::reduce_scatter(const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
+                                  Timeout timeout) {
+  Call c{.kind = OpKind::ReduceScatter, .dtype = dtype, .op = op, .count = count, .in = in, .out = out};
+  run(c, timeout);
+}
+
+void Communicator::all_to_all(const void* in, void* out, size_t count, DataType dtype, Timeout timeout) {
+  Call c{.kind = OpKind::AllToAll, .dtype = dtype, .count = count, .in = in, .out = out};
+  run(c, timeout);
+}
+
+void Communicator::all_to_all_v(const void* in, const std::vector<size_t>& send_counts, void* out,
+                                const std::vector<size_t>& recv_counts, DataType dtype, Timeout timeout) {
+  Call c{.kind = OpKind::AllToAllV, .dtype = dtype, .in = in, .out = out, .counts = counts_of(send_counts),
+         .recv_counts = counts_of(recv_counts)};
+  run(c, timeout);
+}
+
+void Communicator::send(const void* buf, size_t count, DataType dtype, int dst, int tag, Timeout timeout) {
+  Call c{.kind = OpKind::Send, .dtype = dtype, .root = dst, .tag = tag, .count = count, .in = buf};
+  run(c, timeout);
+}
+
+void Communicator::recv(void* buf, size_t count, DataType dtype, int src, int tag, Timeout timeout) {
+  Call c{.kind = OpKind::Recv, .dtype = dtype, .root = src, .tag = tag, .count = count, .out = buf};
+  run(c, timeout);
+}
+
+std::shared_ptr<Work> Communicator::send_async(const void* buf, size_t count, DataType dtype, int dst, int tag,
+                                               Timeout timeout) {
+  return run_async({.kind = OpKind::Send, .dtype = dtype, .root = dst, .tag = tag, .count = count, .in = buf},
+                   timeout);
+}
+
+std::shared_ptr<Work> Communicator::recv_async(void* buf, size_t count, DataType dtype, int src, int tag,
+                                               Timeout timeout) {
+  return run_async({.kind = OpKind::Recv, .dtype = dtype, .root = src, .tag = tag, .count = count, .out = buf},
+                   timeout);
+}
+
+void Communicator::barrier(Timeout timeout) {
+  Call c{.kind = OpKind::Barrier};
+  run(c, timeout);
+}
+
+std::shared_ptr<Work> Communicator::submit(std::function<void()> collectives) {
+  return order_->submit(std::move(collectives));
+}
+
+SymmetricMemory Communicator::alloc_symmetric(size_t bytes, Timeout timeout) {
+  Call c{.kind = OpKind::AllocSymmetric, .count = bytes};
+  order_->drain();
+  std::lock_guard<std::mutex> lock(call_mu_);
+  SymmetricMemory made;
+  execute_with(c, timeout, [&] { made = backend_->alloc_symmetric(c); });
+  return made;
+}
+
+void Communicator::reject(const std::string& operation, const std::string& why, Timeout timeout) {
+  Call c{.kind = OpKind::Barrier};
+  c.invalid = detail::concat(operation, " on group '", name(), "' (rank ", rank_, "): ", why);
+  run(c, timeout);
+  throw InvalidArgument(c.invalid);  // the backend threw already; this keeps [[noreturn]] honest
+}
+
+std::shared_ptr<Communicator> Communicator::split(const std::vector<int>& ranks, Timeout timeout) {
+  return split_as(ranks, options_.backend, timeout);
+}
+
+std::shared_ptr<Communicator> Communicator::split_as(const std::vector<int>& ranks, const std::string& backend,
+                                                     Timeout timeout) {
+  Call c{.kind = OpKind::Split, .count = ranks.size(), .counts = {ranks.begin(), ranks.end()}};
+  run(c, timeout);
+  const int generation = ++splits_;
+  auto it = std::find(ranks.begin(), ranks.end(), rank_);
+  std::shared_ptr<Communicator> made;
+  if (it != ranks.end()) {
+    CommunicatorOptions child = options_;
+    child.name = detail::concat(options_.name, "/", generation);
+    child.backend = backend;
+    made = create(store_, int(it - ranks.begin()), int(ranks.size()), child);
+  }
+  barrier(timeout);  // the members are done with the store
+  return made;
+}
+
+}  // namespace chorus

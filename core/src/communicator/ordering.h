@@ -1,0 +1,78 @@
+// Note [Call order]: the order in which a rank's calls reach its group.
+//   - Collectives reach the backend one at a time (Communicator::call_mu_), in the order the
+//     rank issues them; every rank must issue the same order.
+//   - Submitted collectives (Communicator::submit) run on one executor thread per communicator,
+//     in submission order; a blocking collective from another thread first waits until every
+//     submitted one has finished, so the two kinds never interleave differently on two ranks.
+//   - Sends and receives are ordered per (peer, direction): each takes a ticket when it is
+//     issued and moves when the ticket before it is done, whatever thread it runs on. They do
+//     not wait for collectives, nor for other peers.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "call.h"
+#include "chorus/core/work.h"
+
+namespace chorus {
+
+class CallOrder {
+ public:
+  explicit CallOrder(int size) : size_(size) {}
+  ~CallOrder();  // runs what was submitted, then joins the executor and the transfer threads
+
+  // ---- collectives ----
+  // Queues `body` to run on the executor thread after everything submitted before it.
+  std::shared_ptr<Work> submit(std::function<void()> body);
+  // Blocks until nothing submitted is queued or running. Returns at once on the executor thread
+  // (a submitted body's own collectives must not wait for themselves).
+  void drain() {
+    if (busy_.load(std::memory_order_acquire) != 0) wait_idle();
+  }
+
+  // ---- point to point ----
+  // The place of point-to-point call `c` in its (peer, direction) order; taken when issued.
+  uint64_t take_ticket(const Call& c);
+  // Waits for the ticket's turn, runs `move`, then passes the turn on, whatever happened.
+  template <class Move>
+  void in_turn(const Call& c, uint64_t ticket, Move&& move) {
+    const size_t ch = channel(c);
+    wait_turn(ch, ticket);
+    struct Turn {
+      CallOrder* self;
+      size_t channel;
+      ~Turn() { self->pass_turn(channel); }
+    } turn{this, ch};
+    move();
+  }
+  // in_turn on a thread of its own: returns at once with the transfer's Work.
+  std::shared_ptr<Work> in_turn_async(const Call& c, std::function<void()> move);
+
+ private:
+  size_t channel(const Call& c) const;
+  void wait_turn(size_t channel, uint64_t ticket);
+  void pass_turn(size_t channel);
+  void wait_idle();
+  void executor_loop();
+
+  const int size_;
+  std::mutex queue_mu_;
+  std::condition_variable queue_cv_;
+  std::deque<std::pair<std::function<void()>, std::shared_ptr<Work>>> queue_;
+  std::atomic<size_t> busy_{0};  // queued + running
+  bool stopping_ = false;
+  std::thread executor_;
+
+  std::mutex p2p_mu_;
+  std::condition_variable p2p_cv_;
+  std::vector<uint64_t> issued_, done_;  // per (direction, peer): tickets taken / finished
+  std::vector<std::pair<std::thread, std::shared_ptr<Work>>> transfers_;  // async sends/receives
+};
+
+}  // namespace chorus
