@@ -29,16 +29,44 @@ namespace {
 void put(DataType dt, void* buf, size_t i, int k) {
   auto* b = static_cast<uint8_t*>(buf);
   switch (dt) {
-    case DataType::Float32: { float x = float(k); std::memcpy(b + 4 * i, &x, 4); return; }
-    case DataType::Float64: { double x = k; std::memcpy(b + 8 * i, &x, 8); return; }
-    case DataType::Float16: { _Float16 x = _Float16(float(k)); std::memcpy(b + 2 * i, &x, 2); return; }
-    case DataType::BFloat16: { uint16_t x = uint16_t(std::bit_cast<uint32_t>(float(k)) >> 16); std::memcpy(b + 2 * i, &x, 2); return; }
+    case DataType::Float32: {
+      float x = float(k);
+      std::memcpy(b + 4 * i, &x, 4);
+      return;
+    }
+    case DataType::Float64: {
+      double x = k;
+      std::memcpy(b + 8 * i, &x, 8);
+      return;
+    }
+    case DataType::Float16: {
+      _Float16 x = _Float16(float(k));
+      std::memcpy(b + 2 * i, &x, 2);
+      return;
+    }
+    case DataType::BFloat16: {
+      uint16_t x = uint16_t(std::bit_cast<uint32_t>(float(k)) >> 16);
+      std::memcpy(b + 2 * i, &x, 2);
+      return;
+    }
     case DataType::Int8:
     case DataType::UInt8: b[i] = uint8_t(k); return;
     case DataType::Bool: b[i] = k != 0; return;
-    case DataType::Int16: { int16_t x = int16_t(k); std::memcpy(b + 2 * i, &x, 2); return; }
-    case DataType::Int32: { int32_t x = k; std::memcpy(b + 4 * i, &x, 4); return; }
-    case DataType::Int64: { int64_t x = k; std::memcpy(b + 8 * i, &x, 8); return; }
+    case DataType::Int16: {
+      int16_t x = int16_t(k);
+      std::memcpy(b + 2 * i, &x, 2);
+      return;
+    }
+    case DataType::Int32: {
+      int32_t x = k;
+      std::memcpy(b + 4 * i, &x, 4);
+      return;
+    }
+    case DataType::Int64: {
+      int64_t x = k;
+      std::memcpy(b + 8 * i, &x, 8);
+      return;
+    }
   }
 }
 
@@ -70,7 +98,9 @@ struct AllReduce : BenchOp {
     b.in.resize(n * element_size(dt));
     b.out.resize(n * element_size(dt));
   }
-  void fill(Buffers& b, size_t n, DataType dt, int rank, int, int iter) const override { fill_with(dt, b.in, n, rank, iter); }
+  void fill(Buffers& b, size_t n, DataType dt, int rank, int, int iter) const override {
+    fill_with(dt, b.in, n, rank, iter);
+  }
   void run(Communicator& c, Buffers& b, size_t n, DataType dt) const override {
     c.all_reduce(b.in.data(), b.out.data(), n, dt, ReduceOp::Sum);
   }
@@ -97,8 +127,10 @@ struct Broadcast : BenchOp {
   Broadcast() { name = "broadcast"; }
   void allocate(Buffers& b, size_t n, DataType dt, int) const override { b.in.resize(n * element_size(dt)); }
   void fill(Buffers& b, size_t n, DataType dt, int rank, int, int iter) const override {
-    if (rank == 0) fill_with(dt, b.in, n, 0, iter);
-    else std::memset(b.in.data(), 0xff, b.in.size());
+    if (rank == 0)
+      fill_with(dt, b.in, n, 0, iter);
+    else
+      std::memset(b.in.data(), 0xff, b.in.size());
   }
   void run(Communicator& c, Buffers& b, size_t n, DataType dt) const override { c.broadcast(b.in.data(), n, dt, 0); }
   std::string verify(const Buffers& b, size_t n, DataType dt, int, int, int iter) const override {
@@ -115,7 +147,9 @@ struct AllGather : BenchOp {
     b.in.resize(n * element_size(dt));
     b.out.resize(n * size_t(w) * element_size(dt));
   }
-  void fill(Buffers& b, size_t n, DataType dt, int rank, int, int iter) const override { fill_with(dt, b.in, n, rank, iter); }
+  void fill(Buffers& b, size_t n, DataType dt, int rank, int, int iter) const override {
+    fill_with(dt, b.in, n, rank, iter);
+  }
   void run(Communicator& c, Buffers& b, size_t n, DataType dt) const override {
     c.all_gather(b.in.data(), b.out.data(), n, dt);
   }
@@ -176,7 +210,8 @@ struct ReduceScatter : BenchOp {
   }
   std::string verify(const Buffers& b, size_t n, DataType dt, int rank, int world, int iter) const override {
     for (size_t i = 0; i < n; ++i)
-      if (!equals(dt, b.out.data(), i, summed(dt, size_t(rank) * n + i, iter, world))) return wrong(i, "the reduced block");
+      if (!equals(dt, b.out.data(), i, summed(dt, size_t(rank) * n + i, iter, world)))
+        return wrong(i, "the reduced block");
     return {};
   }
   double alg_bytes(size_t n, DataType dt, int w) const override { return double(n * element_size(dt)) * w; }

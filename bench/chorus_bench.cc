@@ -52,10 +52,14 @@ size_t parse_size(const std::string& s) {
   size_t pos = 0;
   double v = std::stod(s, &pos);
   std::string unit = s.substr(pos);
-  if (unit == "K" || unit == "k" || unit == "KiB") v *= 1024;
-  else if (unit == "M" || unit == "MiB") v *= 1024 * 1024;
-  else if (unit == "G" || unit == "GiB") v *= 1024.0 * 1024 * 1024;
-  else if (!unit.empty() && unit != "B") throw InvalidArgument("bad size '" + s + "': use a number with K, M or G");
+  if (unit == "K" || unit == "k" || unit == "KiB")
+    v *= 1024;
+  else if (unit == "M" || unit == "MiB")
+    v *= 1024 * 1024;
+  else if (unit == "G" || unit == "GiB")
+    v *= 1024.0 * 1024 * 1024;
+  else if (!unit.empty() && unit != "B")
+    throw InvalidArgument("bad size '" + s + "': use a number with K, M or G");
   return size_t(v);
 }
 
@@ -109,9 +113,11 @@ int worker(const Options& o) {
   if (rank == 0) {
     std::printf("# chorus-bench: %d ranks, backend %s, dtype %s, %s buffers, rank 0's times\n", world,
                 comm->backend_name().c_str(), o.dtype.c_str(), o.symmetric ? "symmetric" : "ordinary");
-    if (o.csv) std::printf("op,bytes,median_us,p95_us,algbw_GBps,busbw_GBps,check\n");
-    else std::printf("%-14s %12s %12s %12s %10s %10s %6s\n", "op", "bytes", "median_us", "p95_us", "algbw_GBps",
-                     "busbw_GBps", "check");
+    if (o.csv)
+      std::printf("op,bytes,median_us,p95_us,algbw_GBps,busbw_GBps,check\n");
+    else
+      std::printf("%-14s %12s %12s %12s %10s %10s %6s\n", "op", "bytes", "median_us", "p95_us", "algbw_GBps",
+                  "busbw_GBps", "check");
     std::fflush(stdout);
   }
   auto report = [&](const std::string& name, size_t bytes, const std::vector<double>& us, double alg, double bus_factor,
@@ -164,7 +170,8 @@ int worker(const Options& o) {
         if (o.check) {
           std::string why = op.verify(b, count, dt, rank, world, i + o.warmup);
           if (!why.empty()) {
-            std::fprintf(stderr, "chorus-bench: rank %d: %s of %zu bytes: %s\n", rank, name.c_str(), bytes, why.c_str());
+            std::fprintf(stderr, "chorus-bench: rank %d: %s of %zu bytes: %s\n", rank, name.c_str(), bytes,
+                         why.c_str());
             ok = false;
           }
         }
@@ -206,10 +213,12 @@ int spawn(int np, char** argv) {
 int main(int argc, char** argv) {
   using namespace chorus::bench;
   Options o;
-  CLI::App app{"chorus-bench: collectives over a size sweep, nccl-tests style (op, bytes, median/p95 us, algbw, busbw)"};
+  CLI::App app{
+      "chorus-bench: collectives over a size sweep, nccl-tests style (op, bytes, median/p95 us, algbw, busbw)"};
   app.add_option("-n,--np", o.np, "ranks to start when no launcher started this program")->check(CLI::Range(1, 1024));
-  app.add_option("--ops", o.ops, "comma-separated ops: barrier all_reduce broadcast reduce all_gather gather scatter "
-                                 "reduce_scatter all_to_all send_recv");
+  app.add_option("--ops", o.ops,
+                 "comma-separated ops: barrier all_reduce broadcast reduce all_gather gather scatter "
+                 "reduce_scatter all_to_all send_recv");
   app.add_option("-b,--min-bytes", o.min_bytes, "smallest message (per rank), e.g. 8, 1K, 4M");
   app.add_option("-e,--max-bytes", o.max_bytes, "largest message");
   app.add_option("-f,--step-factor", o.factor, "multiply the size by this between steps")->check(CLI::Range(1.01, 1e9));

@@ -72,59 +72,63 @@ int main(int argc, char** argv) {
   };
 
   if (run_broadcast) {
-  // ---- 100 MB dict of tensors, broadcast from rank 0 ----
-  constexpr int64_t kElems = 25 * 1024 * 1024 / 4;
-  std::vector<at::Tensor> bare;
-  for (int i = 0; i < 4; ++i) bare.push_back(at::zeros({kElems}));
-  auto fill = [&](int it) {
-    if (me == 0)
-      for (int i = 0; i < 4; ++i) bare[size_t(i)].fill_(float(it + 10 * i));
-  };
-  auto tail_ok = [&](const at::Tensor& t, int it, int i) {
-    return t.numel() == kElems && t[kElems - 1].item<float>() == float(it + 10 * i) && t[0].item<float>() == float(it + 10 * i);
-  };
-  auto dict = [&] {
-    c10::impl::GenericDict d(c10::StringType::get(), c10::TensorType::get());
-    for (int i = 0; i < 4; ++i) d.insert("t" + std::to_string(i), bare[size_t(i)]);
-    return c10::IValue(d);
-  };
-  report("broadcast_bare_100MB", measure(iters, fill, [&](int it) {
-           for (auto& t : bare) g->broadcast_(t, 0);
-           for (int i = 0; i < 4; ++i) check(tail_ok(bare[size_t(i)], it, i), "bare broadcast");
-         }));
-  report("broadcast_object_100MB_dict", measure(iters, fill, [&](int it) {
-           auto got = fabric.broadcast(dict(), 0).toGenericDict();
-           for (int i = 0; i < 4; ++i) check(tail_ok(got.at("t" + std::to_string(i)).toTensor(), it, i), "object broadcast");
-         }));
+    // ---- 100 MB dict of tensors, broadcast from rank 0 ----
+    constexpr int64_t kElems = 25 * 1024 * 1024 / 4;
+    std::vector<at::Tensor> bare;
+    for (int i = 0; i < 4; ++i) bare.push_back(at::zeros({kElems}));
+    auto fill = [&](int it) {
+      if (me == 0)
+        for (int i = 0; i < 4; ++i) bare[size_t(i)].fill_(float(it + 10 * i));
+    };
+    auto tail_ok = [&](const at::Tensor& t, int it, int i) {
+      return t.numel() == kElems && t[kElems - 1].item<float>() == float(it + 10 * i) &&
+             t[0].item<float>() == float(it + 10 * i);
+    };
+    auto dict = [&] {
+      c10::impl::GenericDict d(c10::StringType::get(), c10::TensorType::get());
+      for (int i = 0; i < 4; ++i) d.insert("t" + std::to_string(i), bare[size_t(i)]);
+      return c10::IValue(d);
+    };
+    report("broadcast_bare_100MB", measure(iters, fill, [&](int it) {
+             for (auto& t : bare) g->broadcast_(t, 0);
+             for (int i = 0; i < 4; ++i) check(tail_ok(bare[size_t(i)], it, i), "bare broadcast");
+           }));
+    report("broadcast_object_100MB_dict", measure(iters, fill, [&](int it) {
+             auto got = fabric.broadcast(dict(), 0).toGenericDict();
+             for (int i = 0; i < 4; ++i)
+               check(tail_ok(got.at("t" + std::to_string(i)).toTensor(), it, i), "object broadcast");
+           }));
   }
 
   if (run_all_reduce) {
-  // ---- a dict of many small tensors, all_reduce(sum) ----
-  std::vector<at::Tensor> small;
-  for (int i = 0; i < leaves; ++i) small.push_back(at::empty({leaf_elems}));
-  auto vary = [&](int it) {
-    for (int i = 0; i < leaves; ++i) small[size_t(i)].fill_(float(me + it + i % 7));
-  };
-  const double ranks_sum = w * (w - 1) / 2.0;
-  auto ok = [&](const at::Tensor& t, int it, int i) {
-    return t[leaf_elems - 1].item<float>() == float(ranks_sum + w * (it + i % 7));
-  };
-  c10::impl::GenericDict d(c10::StringType::get(), c10::TensorType::get());
-  for (int i = 0; i < leaves; ++i) d.insert("p" + std::to_string(i), small[size_t(i)]);
-  report("all_reduce_dict_coalesced", measure(iters, vary, [&](int it) {
-           auto out = fabric.all_reduce(c10::IValue(d), nullptr, chorus::ReduceOp::Sum).toGenericDict();
-           check(ok(out.at("p0").toTensor(), it, 0) && ok(out.at("p" + std::to_string(leaves - 1)).toTensor(), it, leaves - 1),
-                 "coalesced all_reduce");
-         }));
-  report("all_reduce_separate_fabric", measure(iters, vary, [&](int it) {
-           std::vector<at::Tensor> out;
-           for (int i = 0; i < leaves; ++i) out.push_back(fabric.all_reduce(small[size_t(i)], nullptr, chorus::ReduceOp::Sum));
-           check(ok(out.front(), it, 0) && ok(out.back(), it, leaves - 1), "separate all_reduce");
-         }));
-  report("all_reduce_separate_inplace", measure(iters, vary, [&](int it) {
-           for (auto& t : small) g->all_reduce_(t, chorus::ReduceOp::Sum);
-           check(ok(small.front(), it, 0) && ok(small.back(), it, leaves - 1), "in-place all_reduce");
-         }));
+    // ---- a dict of many small tensors, all_reduce(sum) ----
+    std::vector<at::Tensor> small;
+    for (int i = 0; i < leaves; ++i) small.push_back(at::empty({leaf_elems}));
+    auto vary = [&](int it) {
+      for (int i = 0; i < leaves; ++i) small[size_t(i)].fill_(float(me + it + i % 7));
+    };
+    const double ranks_sum = w * (w - 1) / 2.0;
+    auto ok = [&](const at::Tensor& t, int it, int i) {
+      return t[leaf_elems - 1].item<float>() == float(ranks_sum + w * (it + i % 7));
+    };
+    c10::impl::GenericDict d(c10::StringType::get(), c10::TensorType::get());
+    for (int i = 0; i < leaves; ++i) d.insert("p" + std::to_string(i), small[size_t(i)]);
+    report("all_reduce_dict_coalesced", measure(iters, vary, [&](int it) {
+             auto out = fabric.all_reduce(c10::IValue(d), nullptr, chorus::ReduceOp::Sum).toGenericDict();
+             check(ok(out.at("p0").toTensor(), it, 0) &&
+                       ok(out.at("p" + std::to_string(leaves - 1)).toTensor(), it, leaves - 1),
+                   "coalesced all_reduce");
+           }));
+    report("all_reduce_separate_fabric", measure(iters, vary, [&](int it) {
+             std::vector<at::Tensor> out;
+             for (int i = 0; i < leaves; ++i)
+               out.push_back(fabric.all_reduce(small[size_t(i)], nullptr, chorus::ReduceOp::Sum));
+             check(ok(out.front(), it, 0) && ok(out.back(), it, leaves - 1), "separate all_reduce");
+           }));
+    report("all_reduce_separate_inplace", measure(iters, vary, [&](int it) {
+             for (auto& t : small) g->all_reduce_(t, chorus::ReduceOp::Sum);
+             check(ok(small.front(), it, 0) && ok(small.back(), it, leaves - 1), "in-place all_reduce");
+           }));
   }
   chorus::barrier();
   return 0;

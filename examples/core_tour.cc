@@ -9,7 +9,7 @@
 
 int main() {
   auto env = chorus::Environment::detect();  // torchrun / chorusrun / mpirun / srun / env:// variables
-  auto store = chorus::connect_store(env);  // rank 0 serves it unless the launcher does
+  auto store = chorus::connect_store(env);   // rank 0 serves it unless the launcher does
   auto comm = chorus::Communicator::create(store, env.rank, env.world_size, {.timeout = std::chrono::seconds(60)});
 
   std::vector<float> grad(1 << 20, float(comm->rank() + 1));

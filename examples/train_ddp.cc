@@ -137,9 +137,9 @@ int main(int argc, char** argv) {
   std::vector<at::Tensor> flat;
   for (const auto& p : model->parameters()) flat.push_back(p.reshape(-1));
   const at::Tensor params = at::cat(flat);
-  const int64_t differ = fabric.all_reduce(torch::tensor(int64_t(!at::equal(params, fabric.broadcast(params, 0)))),
-                                           nullptr, "sum")
-                             .item<int64_t>();
+  const int64_t differ =
+      fabric.all_reduce(torch::tensor(int64_t(!at::equal(params, fabric.broadcast(params, 0)))), nullptr, "sum")
+          .item<int64_t>();
 
   // Evaluation: every rank scores its shard; predictions are gathered on rank 0, metrics reduced.
   at::Tensor mine = at::arange(rank, test_size, world);
@@ -177,10 +177,11 @@ int main(int argc, char** argv) {
                   (long long)params.numel());
     else
       std::printf("replicas: %lld of %d ranks hold parameters that differ from rank 0's\n", (long long)differ, world);
-    std::printf("summary: %d ranks, %d epochs, %lld samples in %.1f s (%.0f samples/s); test accuracy %.2f%%, test loss %.4f; "
-                "total %.1f s\n",
-                world, epochs, (long long)samples_seen, train_secs, double(samples_seen) / train_secs, accuracy * 100,
-                test_loss, std::chrono::duration<double>(Clock::now() - t_start).count());
+    std::printf(
+        "summary: %d ranks, %d epochs, %lld samples in %.1f s (%.0f samples/s); test accuracy %.2f%%, test loss %.4f; "
+        "total %.1f s\n",
+        world, epochs, (long long)samples_seen, train_secs, double(samples_seen) / train_secs, accuracy * 100,
+        test_loss, std::chrono::duration<double>(Clock::now() - t_start).count());
   }
   fabric.barrier();
   return accuracy > 0.5 && differ == 0 ? 0 : 1;

@@ -7,11 +7,11 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
+#include <sys/stat.h>
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
-#include <sys/stat.h>
 #include <thread>
 
 #include "chorus/core/error.h"
@@ -45,7 +45,7 @@ int cores() {
 void say(const std::string& what) { std::fprintf(stderr, "chorusrun: %s\n", what.c_str()); }
 
 std::vector<std::pair<std::string, std::string>> worker_env(const Options& o, int nproc, int local, int port,
-                                                           int restart, const std::string& run_id) {
+                                                            int restart, const std::string& run_id) {
   chorus::Environment place;
   place.launcher = chorus::Launcher::Chorusrun;
   place.rank = o.node_rank * nproc + local;
@@ -70,8 +70,9 @@ int run(const Options& o, const std::vector<std::string>& program) {
   if (o.node_rank < 0 || o.node_rank >= o.nnodes)
     throw chorus::InvalidArgument(concat("--node-rank ", o.node_rank, " is not in [0, ", o.nnodes, ")"));
   if (o.master_port == 0 && o.nnodes > 1)
-    throw chorus::InvalidArgument("--master-port 0 (any free port) works with one node only: the other nodes must "
-                                  "know the port");
+    throw chorus::InvalidArgument(
+        "--master-port 0 (any free port) works with one node only: the other nodes must "
+        "know the port");
   if (!o.log_dir.empty()) mkdir(o.log_dir.c_str(), 0755);
   if (nproc > 1 && !std::getenv("OMP_NUM_THREADS"))
     say(concat("setting OMP_NUM_THREADS=1 for each of the ", nproc,
@@ -135,21 +136,25 @@ int main(int argc, char** argv) {
       "chorusrun"};
   app.add_option("--nproc-per-node,--nproc_per_node", o.nproc, "workers on this node: a number, or auto (one per core)")
       ->capture_default_str();
-  app.add_option("--nnodes", o.nnodes, "nodes in the job (same --nproc-per-node on each)")->check(CLI::PositiveNumber)
+  app.add_option("--nnodes", o.nnodes, "nodes in the job (same --nproc-per-node on each)")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--node-rank,--node_rank", o.node_rank, "this node's rank in [0, nnodes)")->capture_default_str();
   app.add_option("--master-addr,--master_addr", o.master_addr, "address of node 0, where the store listens")
       ->capture_default_str();
   app.add_option("--master-port,--master_port", o.master_port, "port of the store on node 0 (0: any free port)")
-      ->check(CLI::Range(0, 65535))->capture_default_str();
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
   app.add_flag("--standalone", o.standalone, "single node, store on any free local port");
   app.add_option("--max-restarts,--max_restarts", o.max_restarts, "restart the workers this many times after a failure")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--log-dir,--log_dir", o.log_dir, "also write each rank's output to <dir>/rank_N.log");
   app.add_flag("--no-prefix,--no_prefix", o.no_prefix, "forward output lines without the [rank N] prefix");
   app.add_option("--run-id,--rdzv-id,--rdzv_id", o.run_id, "job id given to the workers (TORCHELASTIC_RUN_ID)");
   app.add_option("--stop-timeout", o.stop_timeout, "seconds between SIGTERM and SIGKILL when stopping workers")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.prefix_command();
   app.footer("The program and its arguments follow the options.");
   try {

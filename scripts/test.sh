@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds chorus and runs every test: the README's test command, and what CI runs.
-# Usage: scripts/test.sh [build-dir]
+# Then builds the core again with AddressSanitizer and UndefinedBehaviorSanitizer and runs the
+# core's tests under them (torch-free, so the second build is quick).
+# Usage: scripts/test.sh [build-dir]      (the sanitized build goes to <build-dir>-sanitize)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-"$root/build"}
@@ -10,5 +12,14 @@ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release
 cmake --build "$build" -j "$(nproc)"
 # Tests start real processes; more ranks than cores is intended. One BLAS/OpenMP thread each.
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-cd "$build"
-ctest --output-on-failure -j "$(nproc)" --timeout 900
+(cd "$build" && ctest --output-on-failure -j "$(nproc)" --timeout 900)
+
+echo "== the core's tests under -fsanitize=address,undefined"
+sanitized="$build-sanitize"
+cmake -S "$root" -B "$sanitized" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCHORUS_SANITIZE=address,undefined \
+  -DCHORUS_BUILD_TORCH=OFF -DCHORUS_BUILD_BENCH=OFF -DCHORUS_BUILD_EXAMPLES=OFF
+cmake --build "$sanitized" -j "$(nproc)"
+export ASAN_OPTIONS="abort_on_error=0:detect_leaks=1" UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+export LSAN_OPTIONS="suppressions=$root/tests/sanitizers/lsan.supp:print_suppressions=0"
+cd "$sanitized"
+ctest --output-on-failure -j "$(nproc)" --timeout 900 -E '^format$'

@@ -15,8 +15,7 @@ Clock::time_point coarse_now() {
 }
 
 std::chrono::milliseconds left_until(Clock::time_point deadline) {
-  return std::max(std::chrono::milliseconds(1),
-                  std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()));
+  return std::max(std::chrono::milliseconds(1), std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()));
 }
 
 std::string_view to_string(OpKind kind) {
@@ -50,8 +49,10 @@ std::string describe(OpKind kind, DataType dtype, ReduceOp op, int root, uint64_
     default: break;
   }
   s += detail::concat("(", to_string(dtype));
-  if (kind != OpKind::AllGatherV && kind != OpKind::GatherV && kind != OpKind::AllToAllV) s += detail::concat(" x ", count);
-  if (kind == OpKind::AllReduce || kind == OpKind::Reduce || kind == OpKind::ReduceScatter) s += detail::concat(", ", to_string(op));
+  if (kind != OpKind::AllGatherV && kind != OpKind::GatherV && kind != OpKind::AllToAllV)
+    s += detail::concat(" x ", count);
+  if (kind == OpKind::AllReduce || kind == OpKind::Reduce || kind == OpKind::ReduceScatter)
+    s += detail::concat(", ", to_string(op));
   if (kind == OpKind::Broadcast || kind == OpKind::Reduce || kind == OpKind::Gather || kind == OpKind::GatherV ||
       kind == OpKind::Scatter)
     s += detail::concat(", root ", root);

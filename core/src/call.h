@@ -14,8 +14,22 @@
 namespace chorus {
 
 enum class OpKind : uint8_t {
-  Barrier = 1, AllReduce, Broadcast, Reduce, AllGather, AllGatherV, Gather, GatherV, Scatter,
-  ReduceScatter, AllToAll, AllToAllV, Send, Recv, Split, AllocSymmetric,
+  Barrier = 1,
+  AllReduce,
+  Broadcast,
+  Reduce,
+  AllGather,
+  AllGatherV,
+  Gather,
+  GatherV,
+  Scatter,
+  ReduceScatter,
+  AllToAll,
+  AllToAllV,
+  Send,
+  Recv,
+  Split,
+  AllocSymmetric,
 };
 std::string_view to_string(OpKind kind);
 
@@ -32,9 +46,9 @@ struct Call {
   OpKind kind = OpKind::Barrier;
   DataType dtype = DataType::UInt8;
   ReduceOp op = ReduceOp::Sum;
-  int root = 0;           // broadcast/reduce/gather/scatter; peer for send/recv
-  int tag = 0;            // send/recv
-  uint64_t count = 0;     // elements per rank (the meaning each collective documents)
+  int root = 0;        // broadcast/reduce/gather/scatter; peer for send/recv
+  int tag = 0;         // send/recv
+  uint64_t count = 0;  // elements per rank (the meaning each collective documents)
   const void* in = nullptr;
   void* out = nullptr;
   // AllGatherV/GatherV: elements of every rank. AllToAllV: send counts (per destination).

@@ -89,15 +89,15 @@ void compare_calls(const std::vector<RankCall>& all, int me, uint64_t index, con
     for (int p = 0; p < world; ++p)
       if (all[size_t(p)].desc.invalid)
         texts += detail::concat(texts.empty() ? "" : "; ", "rank ", p, ": ", all[size_t(p)].invalid_text);
-    throw InvalidArgument(detail::concat(describe(OpKind(mine.kind), DataType(mine.dtype), ReduceOp(mine.op),
-                                                  mine.root, mine.count),
-                                         " on group '", group, "': another rank rejected its arguments (", texts,
-                                         ")"));
+    throw InvalidArgument(
+        detail::concat(describe(OpKind(mine.kind), DataType(mine.dtype), ReduceOp(mine.op), mine.root, mine.count),
+                       " on group '", group, "': another rank rejected its arguments (", texts, ")"));
   }
   if (!mismatch && OpKind(mine.kind) == OpKind::AllToAllV) {
     // What p sends to q must be what q expects from p.
     for (int p = 0; p < world && !mismatch; ++p)
-      for (int q = 0; q < world && !mismatch; ++q) mismatch = all[size_t(p)].counts[q] != all[size_t(q)].counts[world + p];
+      for (int q = 0; q < world && !mismatch; ++q)
+        mismatch = all[size_t(p)].counts[q] != all[size_t(q)].counts[world + p];
   }
   if (!mismatch) return;
   std::vector<std::string> calls;

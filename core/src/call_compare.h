@@ -48,8 +48,8 @@ uint64_t fingerprint(const CallDesc& desc, const std::vector<uint64_t>& counts);
 // One rank's call as it arrived.
 struct RankCall {
   CallDesc desc;
-  const uint64_t* counts;     // 2 * world entries
-  const char* invalid_text;   // kTextBytes, terminated
+  const uint64_t* counts;    // 2 * world entries
+  const char* invalid_text;  // kTextBytes, terminated
 };
 
 // Throws InvalidArgument or CollectiveMismatch unless every rank made this rank's call

@@ -76,8 +76,8 @@ ReduceOp parse_reduce_op(std::string_view name) {
 std::string reduce_op_problem(DataType dtype, ReduceOp op) {
   bool bitwise = op == ReduceOp::BitwiseAnd || op == ReduceOp::BitwiseOr || op == ReduceOp::BitwiseXor;
   if (bitwise && is_floating(dtype))
-    return detail::concat("bitwise reduction '", to_string(op), "' is not defined on floating type ",
-                          to_string(dtype), ": use an integer or bool buffer");
+    return detail::concat("bitwise reduction '", to_string(op), "' is not defined on floating type ", to_string(dtype),
+                          ": use an integer or bool buffer");
   if (op == ReduceOp::Mean && !is_floating(dtype))
     return detail::concat("mean of ", to_string(dtype),
                           " would truncate: reduce with sum and divide, or convert to a floating type first");

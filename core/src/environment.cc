@@ -79,6 +79,40 @@ void check(const Environment& e, const char* source) {
     throw InvalidArgument(detail::concat(source, ": port ", e.master_port, " is out of range"));
 }
 
+// The variables of an MPI launcher that says each rank's place itself (no store of its own).
+struct MpiLauncher {
+  Launcher launcher;
+  const char* name;  // in messages
+  const char *rank, *size, *local_rank, *local_size;
+  const char *job_id, *job_id_fallback;  // the job's id, for a port all its ranks agree on
+  bool local_defaults_to_world;          // without local variables: one host (PMI) or one rank per host
+};
+constexpr MpiLauncher kOpenMpi{Launcher::OpenMpi,
+                               "Open MPI",
+                               "OMPI_COMM_WORLD_RANK",
+                               "OMPI_COMM_WORLD_SIZE",
+                               "OMPI_COMM_WORLD_LOCAL_RANK",
+                               "OMPI_COMM_WORLD_LOCAL_SIZE",
+                               "OMPI_MCA_ess_base_jobid",
+                               "PMIX_NAMESPACE",
+                               false};
+constexpr MpiLauncher kPmi{Launcher::Pmi,     "PMI",       "PMI_RANK",    "PMI_SIZE", "MPI_LOCALRANKID",
+                           "MPI_LOCALNRANKS", "PMI_JOBID", "PMI_KVSNAME", true};
+
+void from_mpi_launcher(Environment& e, const EnvMap& env, const MpiLauncher& l) {
+  e.launcher = l.launcher;
+  e.rank = require_int(env, l.rank, l.name);
+  e.world_size = require_int(env, l.size, l.name);
+  e.local_rank = get_int(env, l.local_rank, l.local_defaults_to_world ? e.rank : 0);
+  e.local_world_size = get_int(env, l.local_size, l.local_defaults_to_world ? e.world_size : 1);
+  e.num_nodes = std::max(1, e.world_size / std::max(1, e.local_world_size));
+  e.node_rank = (e.rank - e.local_rank) / std::max(1, e.local_world_size);
+  e.job_id = get(env, l.job_id, get(env, l.job_id_fallback));
+  e.master_addr = get(env, "MASTER_ADDR", "127.0.0.1");
+  e.master_port = get_int(env, "MASTER_PORT", port_from_job_id(e.job_id));
+  check(e, (std::string(l.name) + " environment").c_str());
+}
+
 }  // namespace
 
 std::vector<std::string> expand_slurm_nodelist(std::string_view list) {
@@ -156,29 +190,9 @@ Environment Environment::detect(const EnvMap& env) {
       throw InvalidArgument("RANK and WORLD_SIZE are set but MASTER_PORT is not: set MASTER_ADDR and MASTER_PORT");
     check(e, "RANK/WORLD_SIZE environment");
   } else if (env.count("OMPI_COMM_WORLD_RANK")) {
-    e.launcher = Launcher::OpenMpi;
-    e.rank = require_int(env, "OMPI_COMM_WORLD_RANK", "Open MPI");
-    e.world_size = require_int(env, "OMPI_COMM_WORLD_SIZE", "Open MPI");
-    e.local_rank = get_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0);
-    e.local_world_size = get_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 1);
-    e.num_nodes = std::max(1, e.world_size / std::max(1, e.local_world_size));
-    e.node_rank = (e.rank - e.local_rank) / std::max(1, e.local_world_size);
-    e.job_id = get(env, "OMPI_MCA_ess_base_jobid", get(env, "PMIX_NAMESPACE"));
-    e.master_addr = get(env, "MASTER_ADDR", "127.0.0.1");
-    e.master_port = get_int(env, "MASTER_PORT", port_from_job_id(e.job_id));
-    check(e, "Open MPI environment");
+    from_mpi_launcher(e, env, kOpenMpi);
   } else if (env.count("PMI_RANK")) {
-    e.launcher = Launcher::Pmi;
-    e.rank = require_int(env, "PMI_RANK", "PMI");
-    e.world_size = require_int(env, "PMI_SIZE", "PMI");
-    e.local_rank = get_int(env, "MPI_LOCALRANKID", e.rank);
-    e.local_world_size = get_int(env, "MPI_LOCALNRANKS", e.world_size);
-    e.num_nodes = std::max(1, e.world_size / std::max(1, e.local_world_size));
-    e.node_rank = (e.rank - e.local_rank) / std::max(1, e.local_world_size);
-    e.job_id = get(env, "PMI_JOBID", get(env, "PMI_KVSNAME"));
-    e.master_addr = get(env, "MASTER_ADDR", "127.0.0.1");
-    e.master_port = get_int(env, "MASTER_PORT", port_from_job_id(e.job_id));
-    check(e, "PMI environment");
+    from_mpi_launcher(e, env, kPmi);
   } else if (env.count("SLURM_PROCID") && env.count("SLURM_NTASKS")) {
     e.launcher = Launcher::Slurm;
     e.rank = require_int(env, "SLURM_PROCID", "SLURM");
@@ -186,9 +200,8 @@ Environment Environment::detect(const EnvMap& env) {
     e.local_rank = get_int(env, "SLURM_LOCALID", 0);
     e.node_rank = get_int(env, "SLURM_NODEID", 0);
     e.num_nodes = get_int(env, "SLURM_NNODES", get_int(env, "SLURM_JOB_NUM_NODES", 1));
-    e.local_world_size =
-        slurm_tasks_on_node(get(env, "SLURM_TASKS_PER_NODE", get(env, "SLURM_NTASKS_PER_NODE")), e.node_rank,
-                            std::max(1, e.world_size / std::max(1, e.num_nodes)));
+    e.local_world_size = slurm_tasks_on_node(get(env, "SLURM_TASKS_PER_NODE", get(env, "SLURM_NTASKS_PER_NODE")),
+                                             e.node_rank, std::max(1, e.world_size / std::max(1, e.num_nodes)));
     e.job_id = get(env, "SLURM_JOB_ID", get(env, "SLURM_JOBID"));
     std::string nodelist = get(env, "SLURM_NODELIST", get(env, "SLURM_JOB_NODELIST"));
     auto hosts = expand_slurm_nodelist(nodelist);

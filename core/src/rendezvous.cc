@@ -16,7 +16,8 @@ std::shared_ptr<Store> connect_store(const Environment& env, std::optional<std::
   std::shared_ptr<Store> store;
   if (env.master_port_taken_by_torchrun && !env.store_hosted) {
     // torchrun's agent serves MASTER_PORT in torch's protocol: meet there, under our own keys.
-    store = std::make_shared<PrefixStore>("chorus/", std::make_shared<TorchStore>(env.master_addr, env.master_port, timeout));
+    store = std::make_shared<PrefixStore>("chorus/",
+                                          std::make_shared<TorchStore>(env.master_addr, env.master_port, timeout));
   } else if (env.store_hosted || env.rank != 0) {
     store = std::make_shared<TcpStore>(env.master_addr, env.master_port, timeout);
   } else {

@@ -26,8 +26,8 @@ class Sweep : public ::testing::TestWithParam<SweepConfig> {};
 TEST_P(Sweep, EveryCollectiveDtypeOpAndCount) {
   const SweepConfig config = GetParam();
   const CommunicatorOptions options = options_for(config);
-  auto results = run_group(config.world, [&](Communicator& comm) { sweep(comm, config); }, options,
-                           std::chrono::seconds(800));
+  auto results = run_group(
+      config.world, [&](Communicator& comm) { sweep(comm, config); }, options, std::chrono::seconds(800));
   expect_all_ok(results);
   EXPECT_TRUE(leftover_segments(results).empty());
 }
@@ -37,7 +37,7 @@ std::vector<SweepConfig> configs() {
   for (const std::string& backend : test_backends()) {
     if (backend == "shm") {
       for (int w : {1, 2, 3, 4, 7}) {
-        out.push_back({"shm", w, 512, {0, 1, 17, 4099}});         // many rounds through a tiny slot
+        out.push_back({"shm", w, 512, {0, 1, 17, 4099}});            // many rounds through a tiny slot
         out.push_back({"shm", w, 0, {0, 1, 4099, (1u << 20) + 3}});  // inline, one-shot, pipelined
       }
       continue;
@@ -63,41 +63,44 @@ class Symmetric : public ::testing::TestWithParam<SweepConfig> {};
 TEST_P(Symmetric, AllReduceBetweenSymmetricBuffers) {
   const SweepConfig config = GetParam();
   const CommunicatorOptions options = options_for(config);
-  auto results = run_group(config.world, [&](Communicator& comm) {
-    const int W = comm.size(), me = comm.rank();
-    RANK_CHECK(comm.alloc_symmetric(0).data() == nullptr, "alloc_symmetric(0) gave memory");
-    for (size_t count : config.counts)
-      for (DataType dt : kAllDataTypes) {
-        const size_t es = element_size(dt), bytes = count * es;
-        const size_t off_in = size_t(me % 3) * 64 + size_t(me % 2) * es, off_out = size_t(me % 2) * 192;
-        SymmetricMemory a = comm.alloc_symmetric(bytes + 256), b = comm.alloc_symmetric(bytes + 256);
-        RANK_CHECK(a.size() == bytes + 256 && reinterpret_cast<uintptr_t>(a.data()) % 64 == 0, "bad allocation");
-        const auto* first = static_cast<const uint8_t*>(b.data());
-        RANK_CHECK(std::all_of(first, first + b.size(), [](uint8_t x) { return x == 0; }), "not zero-filled");
-        auto* in = static_cast<uint8_t*>(a.data()) + off_in;
-        auto* out = static_cast<uint8_t*>(b.data()) + off_out;
-        for (ReduceOp op : kAllReduceOps) {
-          if (!reduce_op_problem(dt, op).empty()) continue;
-          auto gen = [&](int p, size_t i) { return value(dt, op, p, i, 7 + uint64_t(op)); };
-          const auto mine = make_buffer(dt, count, [&](size_t i) { return gen(me, i); });
-          const auto want = reference_reduce(dt, op, W, count, gen);
-          auto check = [&](const uint8_t* got, const char* how) {
-            const std::string diff = compare_bytes(got, want.data(), count, dt);
-            RANK_CHECK(diff.empty(), label("all_reduce", dt, count, how), " ", to_string(op), ": ", diff);
-          };
-          std::memcpy(in, mine.data(), bytes);
-          comm.all_reduce(in, out, count, dt, op);
-          check(out, " symmetric");
-          comm.all_reduce(in, in, count, dt, op);
-          check(in, " symmetric in place");
-          auto plain = mine;  // the last rank on ordinary memory, the others symmetric
-          std::memcpy(in, mine.data(), bytes);
-          uint8_t* mixed = me == W - 1 ? plain.data() : in;
-          comm.all_reduce(mixed, mixed, count, dt, op);
-          check(mixed, " mixed in place");
-        }
-      }
-  }, options, std::chrono::seconds(600));
+  auto results = run_group(
+      config.world,
+      [&](Communicator& comm) {
+        const int W = comm.size(), me = comm.rank();
+        RANK_CHECK(comm.alloc_symmetric(0).data() == nullptr, "alloc_symmetric(0) gave memory");
+        for (size_t count : config.counts)
+          for (DataType dt : kAllDataTypes) {
+            const size_t es = element_size(dt), bytes = count * es;
+            const size_t off_in = size_t(me % 3) * 64 + size_t(me % 2) * es, off_out = size_t(me % 2) * 192;
+            SymmetricMemory a = comm.alloc_symmetric(bytes + 256), b = comm.alloc_symmetric(bytes + 256);
+            RANK_CHECK(a.size() == bytes + 256 && reinterpret_cast<uintptr_t>(a.data()) % 64 == 0, "bad allocation");
+            const auto* first = static_cast<const uint8_t*>(b.data());
+            RANK_CHECK(std::all_of(first, first + b.size(), [](uint8_t x) { return x == 0; }), "not zero-filled");
+            auto* in = static_cast<uint8_t*>(a.data()) + off_in;
+            auto* out = static_cast<uint8_t*>(b.data()) + off_out;
+            for (ReduceOp op : kAllReduceOps) {
+              if (!reduce_op_problem(dt, op).empty()) continue;
+              auto gen = [&](int p, size_t i) { return value(dt, op, p, i, 7 + uint64_t(op)); };
+              const auto mine = make_buffer(dt, count, [&](size_t i) { return gen(me, i); });
+              const auto want = reference_reduce(dt, op, W, count, gen);
+              auto check = [&](const uint8_t* got, const char* how) {
+                const std::string diff = compare_bytes(got, want.data(), count, dt);
+                RANK_CHECK(diff.empty(), label("all_reduce", dt, count, how), " ", to_string(op), ": ", diff);
+              };
+              std::memcpy(in, mine.data(), bytes);
+              comm.all_reduce(in, out, count, dt, op);
+              check(out, " symmetric");
+              comm.all_reduce(in, in, count, dt, op);
+              check(in, " symmetric in place");
+              auto plain = mine;  // the last rank on ordinary memory, the others symmetric
+              std::memcpy(in, mine.data(), bytes);
+              uint8_t* mixed = me == W - 1 ? plain.data() : in;
+              comm.all_reduce(mixed, mixed, count, dt, op);
+              check(mixed, " mixed in place");
+            }
+          }
+      },
+      options, std::chrono::seconds(600));
   expect_all_ok(results);
   EXPECT_TRUE(leftover_segments(results).empty());
 }

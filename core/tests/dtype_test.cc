@@ -43,8 +43,10 @@ TEST(HalfConversion, MatchesCompilerForAllHalvesAndManyFloats) {
     std::memcpy(&x, &bits, 2);
     float want = float(x);
     float got = reduce::half_to_float(bits);
-    if (std::isnan(want)) EXPECT_TRUE(std::isnan(got));
-    else EXPECT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(want)) << h;
+    if (std::isnan(want))
+      EXPECT_TRUE(std::isnan(got));
+    else
+      EXPECT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(want)) << h;
   }
   for (uint64_t i = 0; i < 2000000; ++i) {
     uint32_t bits = uint32_t(test::mix(i, 7, 9));
@@ -83,7 +85,8 @@ TEST(ReduceKernels, IsaBuildsAgree) {
       std::vector<std::vector<uint8_t>> in;
       std::vector<const void*> srcs;
       for (int p = 0; p < 3; ++p) {
-        in.push_back(test::make_buffer(dt, n, [&](size_t i) { return test::value(dt, op, p, i, 11) / 3.0 * (i % 2 ? 1 : 7); }));
+        in.push_back(
+            test::make_buffer(dt, n, [&](size_t i) { return test::value(dt, op, p, i, 11) / 3.0 * (i % 2 ? 1 : 7); }));
         srcs.push_back(in.back().data());
       }
       const size_t bytes = n * element_size(dt);
@@ -92,8 +95,8 @@ TEST(ReduceKernels, IsaBuildsAgree) {
       for (auto [name, fn] : builds)
         for (size_t shift : {size_t(0), size_t(8), size_t(1)})  // the copy's alignment
           for (bool stream : {false, true}) {
-            const std::string what = detail::concat(to_string(dt), " ", to_string(op), " ", name, " copy at +",
-                                                    shift, stream ? " streamed" : "");
+            const std::string what = detail::concat(to_string(dt), " ", to_string(op), " ", name, " copy at +", shift,
+                                                    stream ? " streamed" : "");
             std::vector<uint8_t> got(bytes), copy(bytes + 128);
             uint8_t* to = copy.data() + (64 - reinterpret_cast<uintptr_t>(copy.data()) % 64) % 64 + shift;
             fn(dt, op, srcs.data(), 3, got.data(), n, {to, stream});

@@ -7,6 +7,21 @@
 namespace chorus {
 namespace {
 
+// Where the environment puts this process: the fields every launcher sets.
+struct Place {
+  Launcher launcher;
+  int rank, world_size, local_rank, local_world_size, node_rank, num_nodes;
+};
+void expect_place(const Environment& e, const Place& want) {
+  EXPECT_EQ(e.launcher, want.launcher);
+  EXPECT_EQ(e.rank, want.rank);
+  EXPECT_EQ(e.world_size, want.world_size);
+  EXPECT_EQ(e.local_rank, want.local_rank);
+  EXPECT_EQ(e.local_world_size, want.local_world_size);
+  EXPECT_EQ(e.node_rank, want.node_rank);
+  EXPECT_EQ(e.num_nodes, want.num_nodes);
+}
+
 TEST(Environment, SingleProcessByDefault) {
   auto e = Environment::detect(EnvMap{{"HOME", "/root"}});
   EXPECT_EQ(e.launcher, Launcher::Single);
@@ -15,17 +30,16 @@ TEST(Environment, SingleProcessByDefault) {
 }
 
 TEST(Environment, TorchrunStyle) {
-  auto e = Environment::detect(EnvMap{{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"},
-                                      {"LOCAL_WORLD_SIZE", "4"}, {"GROUP_RANK", "1"}, {"MASTER_ADDR", "10.0.0.1"},
-                                      {"MASTER_PORT", "29500"}, {"TORCHELASTIC_RUN_ID", "abc"},
+  auto e = Environment::detect(EnvMap{{"RANK", "5"},
+                                      {"WORLD_SIZE", "8"},
+                                      {"LOCAL_RANK", "1"},
+                                      {"LOCAL_WORLD_SIZE", "4"},
+                                      {"GROUP_RANK", "1"},
+                                      {"MASTER_ADDR", "10.0.0.1"},
+                                      {"MASTER_PORT", "29500"},
+                                      {"TORCHELASTIC_RUN_ID", "abc"},
                                       {"TORCHELASTIC_USE_AGENT_STORE", "True"}});
-  EXPECT_EQ(e.launcher, Launcher::Torchrun);
-  EXPECT_EQ(e.rank, 5);
-  EXPECT_EQ(e.world_size, 8);
-  EXPECT_EQ(e.local_rank, 1);
-  EXPECT_EQ(e.local_world_size, 4);
-  EXPECT_EQ(e.node_rank, 1);
-  EXPECT_EQ(e.num_nodes, 2);
+  expect_place(e, {Launcher::Torchrun, 5, 8, 1, 4, 1, 2});
   EXPECT_EQ(e.master_addr, "10.0.0.1");
   EXPECT_EQ(e.master_port, 29500);
   EXPECT_TRUE(e.master_port_taken_by_torchrun);
@@ -43,8 +57,11 @@ TEST(Environment, PlainEnvNeedsAPort) {
 }
 
 TEST(Environment, Chorusrun) {
-  auto e = Environment::detect(EnvMap{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"CHORUS_LAUNCHER", "chorusrun"},
-                                      {"CHORUS_STORE_ADDR", "127.0.0.1"}, {"CHORUS_STORE_PORT", "4000"}});
+  auto e = Environment::detect(EnvMap{{"RANK", "0"},
+                                      {"WORLD_SIZE", "2"},
+                                      {"CHORUS_LAUNCHER", "chorusrun"},
+                                      {"CHORUS_STORE_ADDR", "127.0.0.1"},
+                                      {"CHORUS_STORE_PORT", "4000"}});
   EXPECT_EQ(e.launcher, Launcher::Chorusrun);
   EXPECT_TRUE(e.store_hosted);
   EXPECT_EQ(e.master_port, 4000);
@@ -69,13 +86,7 @@ TEST(Environment, LauncherVariablesRoundTrip) {
   for (const auto& [k, v] : launcher_environment(place, 3)) env[k] = v;
   EXPECT_EQ(env.at("TORCHELASTIC_MAX_RESTARTS"), "3");
   Environment e = Environment::detect(env);
-  EXPECT_EQ(e.launcher, Launcher::Chorusrun);
-  EXPECT_EQ(e.rank, 5);
-  EXPECT_EQ(e.local_rank, 1);
-  EXPECT_EQ(e.world_size, 8);
-  EXPECT_EQ(e.local_world_size, 4);
-  EXPECT_EQ(e.node_rank, 1);
-  EXPECT_EQ(e.num_nodes, 2);
+  expect_place(e, {Launcher::Chorusrun, 5, 8, 1, 4, 1, 2});
   EXPECT_EQ(e.master_addr, "10.0.0.7");
   EXPECT_EQ(e.master_port, 29511);
   EXPECT_TRUE(e.store_hosted);
@@ -104,38 +115,37 @@ TEST(Environment, BadValuesAreNamed) {
 }
 
 TEST(Environment, OpenMpi) {
-  auto e = Environment::detect(EnvMap{{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"},
-                                      {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
-  EXPECT_EQ(e.launcher, Launcher::OpenMpi);
-  EXPECT_EQ(e.rank, 3);
-  EXPECT_EQ(e.world_size, 4);
-  EXPECT_EQ(e.local_rank, 1);
-  EXPECT_EQ(e.node_rank, 1);
+  auto e = Environment::detect(EnvMap{{"OMPI_COMM_WORLD_RANK", "3"},
+                                      {"OMPI_COMM_WORLD_SIZE", "4"},
+                                      {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                                      {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
+  expect_place(e, {Launcher::OpenMpi, 3, 4, 1, 2, 1, 2});
   EXPECT_GT(e.master_port, 0);
 }
 
 TEST(Environment, Pmi) {
   auto e = Environment::detect(EnvMap{{"PMI_RANK", "2"}, {"PMI_SIZE", "3"}, {"MASTER_PORT", "777"}});
-  EXPECT_EQ(e.launcher, Launcher::Pmi);
-  EXPECT_EQ(e.rank, 2);
-  EXPECT_EQ(e.world_size, 3);
+  expect_place(e, {Launcher::Pmi, 2, 3, 2, 3, 0, 1});  // no local variables: one host
   EXPECT_EQ(e.master_port, 777);
 }
 
 TEST(Environment, SlurmWithNodeListAndJobPort) {
-  auto e = Environment::detect(EnvMap{{"SLURM_PROCID", "6"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "2"},
-                                      {"SLURM_NODEID", "1"}, {"SLURM_NNODES", "2"}, {"SLURM_TASKS_PER_NODE", "4(x2)"},
-                                      {"SLURM_NODELIST", "node[01-03,07],gpu5"}, {"SLURM_JOB_ID", "123456"}});
-  EXPECT_EQ(e.launcher, Launcher::Slurm);
-  EXPECT_EQ(e.rank, 6);
-  EXPECT_EQ(e.world_size, 8);
-  EXPECT_EQ(e.local_rank, 2);
-  EXPECT_EQ(e.local_world_size, 4);
-  EXPECT_EQ(e.node_rank, 1);
+  auto e = Environment::detect(EnvMap{{"SLURM_PROCID", "6"},
+                                      {"SLURM_NTASKS", "8"},
+                                      {"SLURM_LOCALID", "2"},
+                                      {"SLURM_NODEID", "1"},
+                                      {"SLURM_NNODES", "2"},
+                                      {"SLURM_TASKS_PER_NODE", "4(x2)"},
+                                      {"SLURM_NODELIST", "node[01-03,07],gpu5"},
+                                      {"SLURM_JOB_ID", "123456"}});
+  expect_place(e, {Launcher::Slurm, 6, 8, 2, 4, 1, 2});
   EXPECT_EQ(e.master_addr, "node01");
   EXPECT_EQ(e.master_port, 15000 + 3456);
-  auto m = Environment::detect(EnvMap{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_NODELIST", "a1"},
-                                      {"MASTER_PORT", "999"}, {"MASTER_ADDR", "head"}});
+  auto m = Environment::detect(EnvMap{{"SLURM_PROCID", "0"},
+                                      {"SLURM_NTASKS", "1"},
+                                      {"SLURM_NODELIST", "a1"},
+                                      {"MASTER_PORT", "999"},
+                                      {"MASTER_ADDR", "head"}});
   EXPECT_EQ(m.master_port, 999);
   EXPECT_EQ(m.master_addr, "head");
 }
@@ -150,8 +160,10 @@ TEST(SlurmNodeList, Expands) {
 }
 
 TEST(Settings, ParsesAndRejects) {
-  auto s = read_settings(EnvMap{{"CHORUS_TIMEOUT_MS", "1500"}, {"CHORUS_SHM_CHUNK_BYTES", "4096"},
-                                {"CHORUS_STORE_TIMEOUT_MS", "2500"}, {"CHORUS_BACKEND", "shm"}});
+  auto s = read_settings(EnvMap{{"CHORUS_TIMEOUT_MS", "1500"},
+                                {"CHORUS_SHM_CHUNK_BYTES", "4096"},
+                                {"CHORUS_STORE_TIMEOUT_MS", "2500"},
+                                {"CHORUS_BACKEND", "shm"}});
   EXPECT_EQ(s.timeout->count(), 1500);
   EXPECT_EQ(s.store_timeout.count(), 2500);
   EXPECT_EQ(s.backend, "shm");

@@ -57,8 +57,8 @@ TEST_P(Failure, ARankThatGaveUpReleasesOneWaitingOnALiveRank) {
     }
     const auto start = std::chrono::steady_clock::now();
     const auto timeout = ctx.rank == 0 ? std::chrono::milliseconds(1000) : std::chrono::milliseconds(60000);
-    auto msg = RANK_EXPECT_THROW(TimeoutError, comm->all_reduce(buf.data(), buf.data(), buf.size(),
-                                                               DataType::Float32, ReduceOp::Sum, timeout));
+    auto msg = RANK_EXPECT_THROW(
+        TimeoutError, comm->all_reduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum, timeout));
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
     ctx.store->set("done/" + std::to_string(ctx.rank), "1");
     // Rank 0 names rank 2 alone: rank 1 was in the call.
@@ -145,7 +145,8 @@ struct MismatchCase {
 TEST_P(Failure, MismatchedCallsRaiseOnEveryRankShowingEachCall) {
   using C = Communicator;
   std::vector<MismatchCase> cases = {
-      {"different collectives", [](C& c, auto& b) { c.all_reduce(b.data(), b.data(), 10, DataType::Float32, ReduceOp::Sum); },
+      {"different collectives",
+       [](C& c, auto& b) { c.all_reduce(b.data(), b.data(), 10, DataType::Float32, ReduceOp::Sum); },
        [](C& c, auto& b) { c.broadcast(b.data(), 10, DataType::Float32, 0); }, "all_reduce(f32 x 10, sum)",
        "broadcast(f32 x 10, root 0)"},
       {"dtype", [](C& c, auto& b) { c.all_reduce(b.data(), b.data(), 10, DataType::Float32, ReduceOp::Sum); },
@@ -160,8 +161,13 @@ TEST_P(Failure, MismatchedCallsRaiseOnEveryRankShowingEachCall) {
       {"root", [](C& c, auto& b) { c.broadcast(b.data(), 10, DataType::Float32, 0); },
        [](C& c, auto& b) { c.broadcast(b.data(), 10, DataType::Float32, 1); }, "broadcast(f32 x 10, root 0)",
        "broadcast(f32 x 10, root 1)"},
-      {"uneven counts", [](C& c, auto& b) { c.all_gather_v(b.data(), b.data() + 1000, {1, 2, 3}, DataType::Float32); },
-       [](C& c, auto& b) { c.all_gather_v(b.data(), b.data() + 1000, {1, 5, 3}, DataType::Float32); },
+      {"uneven counts",
+       [](C& c, auto& b) {
+         c.all_gather_v(b.data(), b.data() + 1000, {1, 2, 3}, DataType::Float32);
+       },
+       [](C& c, auto& b) {
+         c.all_gather_v(b.data(), b.data() + 1000, {1, 5, 3}, DataType::Float32);
+       },
        "counts [1, 2, 3]", "counts [1, 5, 3]"},
       {"symmetric sizes", [](C& c, auto&) { c.alloc_symmetric(4096); }, [](C& c, auto&) { c.alloc_symmetric(8192); },
        "alloc_symmetric(4096 bytes)", "alloc_symmetric(8192 bytes)"},
@@ -178,7 +184,7 @@ TEST_P(Failure, MismatchedCallsRaiseOnEveryRankShowingEachCall) {
         RANK_CHECK(false, "no mismatch raised");
       } catch (const CollectiveMismatch& e) {
         RANK_CHECK(e.calls().size() == 3, e.what());
-        RANK_CHECK(contains(e.what(), std::string("rank 0 (call #2): ") ) && contains(e.what(), mc.rank0_text) &&
+        RANK_CHECK(contains(e.what(), std::string("rank 0 (call #2): ")) && contains(e.what(), mc.rank0_text) &&
                        contains(e.what(), mc.others_text),
                    e.what());
       }
@@ -198,18 +204,19 @@ TEST_P(Failure, BadArgumentsOnOneRankRaiseOnEveryRankAndTheGroupGoesOn) {
     auto msg = RANK_EXPECT_THROW(InvalidArgument, comm->broadcast(buf.data(), 8, DataType::Float32, root));
     RANK_CHECK(contains(msg, ctx.rank == 1 ? "root 7 is not a rank" : "rank 1"), msg);
 
-    msg = RANK_EXPECT_THROW(InvalidArgument,
-                            comm->all_reduce(ctx.rank == 2 ? nullptr : buf.data(), buf.data(), 8, DataType::Float32, ReduceOp::Sum));
+    msg = RANK_EXPECT_THROW(InvalidArgument, comm->all_reduce(ctx.rank == 2 ? nullptr : buf.data(), buf.data(), 8,
+                                                              DataType::Float32, ReduceOp::Sum));
     RANK_CHECK(contains(msg, ctx.rank == 2 ? "input is null" : "rank 2"), msg);
 
     // An unknown dtype code (a bad cast) on one rank: still an error everywhere, not a hang.
-    msg = RANK_EXPECT_THROW(InvalidArgument, comm->all_reduce(buf.data(), buf.data(), 8,
-                                                              ctx.rank == 0 ? DataType(42) : DataType::Float32,
-                                                              ReduceOp::Sum));
+    msg = RANK_EXPECT_THROW(
+        InvalidArgument,
+        comm->all_reduce(buf.data(), buf.data(), 8, ctx.rank == 0 ? DataType(42) : DataType::Float32, ReduceOp::Sum));
     RANK_CHECK(contains(msg, ctx.rank == 0 ? "unknown dtype code 42" : "rank 0"), msg);
 
     std::vector<int32_t> ints(4, 3);
-    msg = RANK_EXPECT_THROW(InvalidArgument, comm->all_reduce(ints.data(), ints.data(), 4, DataType::Int32, ReduceOp::Mean));
+    msg = RANK_EXPECT_THROW(InvalidArgument,
+                            comm->all_reduce(ints.data(), ints.data(), 4, DataType::Int32, ReduceOp::Mean));
     RANK_CHECK(contains(msg, "mean of i32 would truncate"), msg);
     msg = RANK_EXPECT_THROW(InvalidArgument,
                             comm->all_reduce(buf.data(), buf.data(), 8, DataType::Float32, ReduceOp::BitwiseXor));
@@ -279,8 +286,7 @@ TEST_P(Failure, RankThatNeverJoinsTheGroupIsNamed) {
   EXPECT_TRUE(leftover_segments(results).empty());
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, Failure, ::testing::ValuesIn(test_backends()),
-                         backend_param_name);
+INSTANTIATE_TEST_SUITE_P(Backends, Failure, ::testing::ValuesIn(test_backends()), backend_param_name);
 
 }  // namespace
 }  // namespace chorus::test

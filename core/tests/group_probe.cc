@@ -46,7 +46,10 @@ int main(int argc, char** argv) {
     }
   }
   try {
-    test::sweep(*comm, {comm->backend_name(), comm->size(), 0, {0, 1, 4099, 70000, 70001}});  // even and odd: with and without a flat tail
+    test::sweep(*comm, {comm->backend_name(),
+                        comm->size(),
+                        0,
+                        {0, 1, 4099, 70000, 70001}});  // even and odd: with and without a flat tail
   } catch (const std::exception& e) {
     std::printf("rank %d: FAILED %s\n", comm->rank(), e.what());
     return 1;

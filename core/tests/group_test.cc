@@ -15,33 +15,36 @@ class Async : public BackendTest {};
 class PointToPoint : public BackendTest {};
 
 TEST_P(Groups, OverlappingSubgroupsLiveTogether) {
-  expect_all_ok(run_group(4, [](Communicator& world) {
-    auto a = world.split({0, 1});
-    auto b = world.split({1, 2});
-    auto c = world.split({3, 0});  // order gives the new ranks
-    const int me = world.rank();
-    RANK_CHECK((a != nullptr) == (me == 0 || me == 1));
-    RANK_CHECK((b != nullptr) == (me == 1 || me == 2));
-    RANK_CHECK((c != nullptr) == (me == 3 || me == 0));
-    if (c) RANK_CHECK(c->rank() == (me == 3 ? 0 : 1) && c->size() == 2);
-    for (int round = 0; round < 3; ++round) {
-      for (auto* g : {a.get(), b.get(), c.get()}) {
-        if (!g) continue;
-        int64_t x = 10 * (me + 1) + round;
-        g->all_reduce(&x, &x, 1, DataType::Int64, ReduceOp::Sum);
-        int64_t want = 0;
-        if (g == a.get()) want = 10 + 20 + 2 * round;
-        if (g == b.get()) want = 20 + 30 + 2 * round;
-        if (g == c.get()) want = 40 + 10 + 2 * round;
-        RANK_CHECK(x == want, "subgroup sum ", x, " want ", want);
-      }
-      int64_t all = me;
-      world.all_reduce(&all, &all, 1, DataType::Int64, ReduceOp::Sum);
-      RANK_CHECK(all == 6);
-    }
-    auto msg = RANK_EXPECT_THROW(InvalidArgument, world.split({0, 0}));
-    RANK_CHECK(msg.find("listed twice") != std::string::npos || me != 0, msg);
-  }, options()));
+  expect_all_ok(run_group(
+      4,
+      [](Communicator& world) {
+        auto a = world.split({0, 1});
+        auto b = world.split({1, 2});
+        auto c = world.split({3, 0});  // order gives the new ranks
+        const int me = world.rank();
+        RANK_CHECK((a != nullptr) == (me == 0 || me == 1));
+        RANK_CHECK((b != nullptr) == (me == 1 || me == 2));
+        RANK_CHECK((c != nullptr) == (me == 3 || me == 0));
+        if (c) RANK_CHECK(c->rank() == (me == 3 ? 0 : 1) && c->size() == 2);
+        for (int round = 0; round < 3; ++round) {
+          for (auto* g : {a.get(), b.get(), c.get()}) {
+            if (!g) continue;
+            int64_t x = 10 * (me + 1) + round;
+            g->all_reduce(&x, &x, 1, DataType::Int64, ReduceOp::Sum);
+            int64_t want = 0;
+            if (g == a.get()) want = 10 + 20 + 2 * round;
+            if (g == b.get()) want = 20 + 30 + 2 * round;
+            if (g == c.get()) want = 40 + 10 + 2 * round;
+            RANK_CHECK(x == want, "subgroup sum ", x, " want ", want);
+          }
+          int64_t all = me;
+          world.all_reduce(&all, &all, 1, DataType::Int64, ReduceOp::Sum);
+          RANK_CHECK(all == 6);
+        }
+        auto msg = RANK_EXPECT_THROW(InvalidArgument, world.split({0, 0}));
+        RANK_CHECK(msg.find("listed twice") != std::string::npos || me != 0, msg);
+      },
+      options()));
 }
 
 TEST_P(Groups, ManyCreatedAndDestroyedInTurn) {
@@ -96,20 +99,23 @@ TEST_P(Async, WorkCompletesInOrderAndReportsErrors) {
 }
 
 TEST_P(PointToPoint, RingOfEverySize) {
-  expect_all_ok(run_group(3, [](Communicator& comm) {
-    const int me = comm.rank(), n = comm.size();
-    for (size_t count : {size_t(0), size_t(1), size_t(1000), size_t(3000000)}) {
-      std::vector<int32_t> out(count), in(count + 1, -1);
-      for (size_t i = 0; i < count; ++i) out[i] = int32_t(i * 7 + size_t(me));
-      const int next = (me + 1) % n, prev = (me + n - 1) % n;
-      // Even ranks send first; the ring's odd length makes one pair both send: async covers it.
-      auto w = comm.send_async(out.data(), count, DataType::Int32, next, 5);
-      comm.recv(in.data(), count, DataType::Int32, prev, 5);
-      w->wait();
-      for (size_t i = 0; i < count; ++i) RANK_CHECK(in[i] == int32_t(i * 7 + size_t(prev)), "at ", i);
-      comm.barrier();
-    }
-  }, options()));
+  expect_all_ok(run_group(
+      3,
+      [](Communicator& comm) {
+        const int me = comm.rank(), n = comm.size();
+        for (size_t count : {size_t(0), size_t(1), size_t(1000), size_t(3000000)}) {
+          std::vector<int32_t> out(count), in(count + 1, -1);
+          for (size_t i = 0; i < count; ++i) out[i] = int32_t(i * 7 + size_t(me));
+          const int next = (me + 1) % n, prev = (me + n - 1) % n;
+          // Even ranks send first; the ring's odd length makes one pair both send: async covers it.
+          auto w = comm.send_async(out.data(), count, DataType::Int32, next, 5);
+          comm.recv(in.data(), count, DataType::Int32, prev, 5);
+          w->wait();
+          for (size_t i = 0; i < count; ++i) RANK_CHECK(in[i] == int32_t(i * 7 + size_t(prev)), "at ", i);
+          comm.barrier();
+        }
+      },
+      options()));
 }
 
 // The harness itself, in both of its modes (forked ranks, and processes of an mpirun job): a rank
@@ -126,12 +132,9 @@ TEST_P(Harness, ARankThatThrowsIsReportedWithItsMessage) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Harness, ::testing::ValuesIn(test_backends()), backend_param_name);
-INSTANTIATE_TEST_SUITE_P(Backends, Groups, ::testing::ValuesIn(test_backends()),
-                         backend_param_name);
-INSTANTIATE_TEST_SUITE_P(Backends, Async, ::testing::ValuesIn(test_backends()),
-                         backend_param_name);
-INSTANTIATE_TEST_SUITE_P(Backends, PointToPoint, ::testing::ValuesIn(test_backends()),
-                         backend_param_name);
+INSTANTIATE_TEST_SUITE_P(Backends, Groups, ::testing::ValuesIn(test_backends()), backend_param_name);
+INSTANTIATE_TEST_SUITE_P(Backends, Async, ::testing::ValuesIn(test_backends()), backend_param_name);
+INSTANTIATE_TEST_SUITE_P(Backends, PointToPoint, ::testing::ValuesIn(test_backends()), backend_param_name);
 
 }  // namespace
 }  // namespace chorus::test

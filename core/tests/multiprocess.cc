@@ -179,8 +179,10 @@ std::vector<RankResult> run_ranks(int world, const std::function<void(RankContex
       pid_t got = waitpid(pids[size_t(r)], &status, WNOHANG);
       if (got == 0) continue;
       RankResult& res = results[size_t(r)];
-      if (WIFEXITED(status)) res.exit_code = WEXITSTATUS(status);
-      else res.signal = WTERMSIG(status);
+      if (WIFEXITED(status))
+        res.exit_code = WEXITSTATUS(status);
+      else
+        res.signal = WTERMSIG(status);
       char buf[4096];
       ssize_t n;
       while ((n = read(pipes[size_t(r)], buf, sizeof(buf))) > 0) res.report.append(buf, size_t(n));

@@ -16,9 +16,9 @@
 namespace chorus::test {
 
 struct RankResult {
-  int exit_code = -1;   // -1: killed by a signal
+  int exit_code = -1;  // -1: killed by a signal
   int signal = 0;
-  std::string report;   // what the rank wrote to its report pipe (failures)
+  std::string report;  // what the rank wrote to its report pipe (failures)
   int pid = 0;
 };
 
@@ -63,11 +63,11 @@ class BackendTest : public ::testing::TestWithParam<std::string> {
 void expect_all_ok(const std::vector<RankResult>& results);
 
 // Inside a rank: throws with the location when cond is false (the parent reports it).
-#define RANK_CHECK(cond, ...)                                                                   \
-  do {                                                                                          \
-    if (!(cond))                                                                                \
-      throw std::runtime_error(::chorus::detail::concat(__FILE__, ":", __LINE__, ": ", #cond, " " \
-                                                        __VA_OPT__(, ) __VA_ARGS__));           \
+#define RANK_CHECK(cond, ...)                                                                              \
+  do {                                                                                                     \
+    if (!(cond))                                                                                           \
+      throw std::runtime_error(                                                                            \
+          ::chorus::detail::concat(__FILE__, ":", __LINE__, ": ", #cond, " " __VA_OPT__(, ) __VA_ARGS__)); \
   } while (0)
 
 // Runs fn, which must throw E; returns its message. Throws otherwise.
@@ -82,7 +82,8 @@ std::string expect_throw(F&& fn, const char* where) {
   }
   throw std::runtime_error(std::string(where) + ": did not throw");
 }
-#define RANK_EXPECT_THROW(E, stmt) ::chorus::test::expect_throw<E>([&] { stmt; }, __FILE__ ":" CHORUS_TEST_STR(__LINE__))
+#define RANK_EXPECT_THROW(E, stmt) \
+  ::chorus::test::expect_throw<E>([&] { stmt; }, __FILE__ ":" CHORUS_TEST_STR(__LINE__))
 #define CHORUS_TEST_STR2(x) #x
 #define CHORUS_TEST_STR(x) CHORUS_TEST_STR2(x)
 

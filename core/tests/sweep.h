@@ -27,7 +27,7 @@ inline std::string label(const char* op, DataType dt, size_t count, const char* 
 }
 
 inline void check_equal(const std::vector<uint8_t>& got, const std::vector<uint8_t>& want, size_t count, DataType dt,
-                 const std::string& what) {
+                        const std::string& what) {
   RANK_CHECK(got.size() >= count * element_size(dt), what, ": short output");
   std::string diff = compare_bytes(got.data(), want.data(), count, dt);
   RANK_CHECK(diff.empty(), what, ": ", diff);
@@ -71,7 +71,8 @@ inline void reductions(Communicator& comm, DataType dt, size_t count, uint64_t s
     comm.reduce_scatter(big.data(), rs.data(), count, dt, op);
     check_equal(rs, want_rs, count, dt, label("reduce_scatter", dt, count, (" " + opname).c_str()));
     comm.reduce_scatter(big.data(), big.data() + size_t(me) * count * es, count, dt, op);
-    std::vector<uint8_t> own(big.begin() + ptrdiff_t(size_t(me) * count * es), big.begin() + ptrdiff_t(size_t(me + 1) * count * es));
+    std::vector<uint8_t> own(big.begin() + ptrdiff_t(size_t(me) * count * es),
+                             big.begin() + ptrdiff_t(size_t(me + 1) * count * es));
     check_equal(own, want_rs, count, dt, label("reduce_scatter in place", dt, count, (" " + opname).c_str()));
   }
 }

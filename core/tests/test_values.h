@@ -28,7 +28,8 @@ inline uint16_t ref_bf16(float f) {
 inline float from_bf16(uint16_t b) { return std::bit_cast<float>(uint32_t(b) << 16); }
 
 inline uint64_t mix(uint64_t a, uint64_t b, uint64_t c) {
-  uint64_t h = a * 0x9e3779b97f4a7c15ull ^ (b + 0x632be59bd9b4e019ull) * 0xbf58476d1ce4e5b9ull ^ c * 0x94d049bb133111ebull;
+  uint64_t h =
+      a * 0x9e3779b97f4a7c15ull ^ (b + 0x632be59bd9b4e019ull) * 0xbf58476d1ce4e5b9ull ^ c * 0x94d049bb133111ebull;
   h ^= h >> 31;
   h *= 0xd6e8feb86659fd93ull;
   return h ^ (h >> 29);
@@ -60,16 +61,53 @@ inline double value(DataType dt, ReduceOp op, int rank, size_t i, uint64_t salt)
 inline void put(DataType dt, void* buf, size_t i, double v) {
   auto* b = static_cast<uint8_t*>(buf);
   switch (dt) {
-    case DataType::Float32: { float x = float(v); std::memcpy(b + 4 * i, &x, 4); return; }
-    case DataType::Float64: { std::memcpy(b + 8 * i, &v, 8); return; }
-    case DataType::Float16: { _Float16 x = _Float16(float(v)); std::memcpy(b + 2 * i, &x, 2); return; }
-    case DataType::BFloat16: { uint16_t x = ref_bf16(float(v)); std::memcpy(b + 2 * i, &x, 2); return; }
-    case DataType::Int8: { int8_t x = int8_t(int64_t(v)); b[i] = uint8_t(x); return; }
-    case DataType::UInt8: { b[i] = uint8_t(int64_t(v)); return; }
-    case DataType::Bool: { b[i] = v != 0; return; }
-    case DataType::Int16: { int16_t x = int16_t(int64_t(v)); std::memcpy(b + 2 * i, &x, 2); return; }
-    case DataType::Int32: { int32_t x = int32_t(int64_t(v)); std::memcpy(b + 4 * i, &x, 4); return; }
-    case DataType::Int64: { int64_t x = int64_t(v); std::memcpy(b + 8 * i, &x, 8); return; }
+    case DataType::Float32: {
+      float x = float(v);
+      std::memcpy(b + 4 * i, &x, 4);
+      return;
+    }
+    case DataType::Float64: {
+      std::memcpy(b + 8 * i, &v, 8);
+      return;
+    }
+    case DataType::Float16: {
+      _Float16 x = _Float16(float(v));
+      std::memcpy(b + 2 * i, &x, 2);
+      return;
+    }
+    case DataType::BFloat16: {
+      uint16_t x = ref_bf16(float(v));
+      std::memcpy(b + 2 * i, &x, 2);
+      return;
+    }
+    case DataType::Int8: {
+      int8_t x = int8_t(int64_t(v));
+      b[i] = uint8_t(x);
+      return;
+    }
+    case DataType::UInt8: {
+      b[i] = uint8_t(int64_t(v));
+      return;
+    }
+    case DataType::Bool: {
+      b[i] = v != 0;
+      return;
+    }
+    case DataType::Int16: {
+      int16_t x = int16_t(int64_t(v));
+      std::memcpy(b + 2 * i, &x, 2);
+      return;
+    }
+    case DataType::Int32: {
+      int32_t x = int32_t(int64_t(v));
+      std::memcpy(b + 4 * i, &x, 4);
+      return;
+    }
+    case DataType::Int64: {
+      int64_t x = int64_t(v);
+      std::memcpy(b + 8 * i, &x, 8);
+      return;
+    }
   }
 }
 
@@ -117,8 +155,10 @@ std::vector<uint8_t> fold(DataType dt, ReduceOp op, int world, size_t count, Gen
     put(dt, cell.data(), 0, gen(p, i));
     T t;
     std::memcpy(&t, cell.data(), sizeof(T));
-    if constexpr (std::is_same_v<T, uint16_t>) return A(from_bf16(t));
-    else return A(t);
+    if constexpr (std::is_same_v<T, uint16_t>)
+      return A(from_bf16(t));
+    else
+      return A(t);
   };
   for (size_t i = 0; i < count; ++i) {
     A acc = load(0, i);
@@ -126,8 +166,10 @@ std::vector<uint8_t> fold(DataType dt, ReduceOp op, int world, size_t count, Gen
     if constexpr (std::is_floating_point_v<A>)
       if (op == ReduceOp::Mean) acc /= A(world);
     T t;
-    if constexpr (std::is_same_v<T, uint16_t>) t = ref_bf16(acc);
-    else t = T(acc);
+    if constexpr (std::is_same_v<T, uint16_t>)
+      t = ref_bf16(acc);
+    else
+      t = T(acc);
     std::memcpy(out.data() + i * sizeof(T), &t, sizeof(T));
   }
   out.resize(count * sizeof(T));
@@ -141,9 +183,12 @@ std::vector<uint8_t> fold_bool(ReduceOp op, int world, size_t count, Gen&& gen) 
     bool acc = gen(0, i) != 0;
     for (int p = 1; p < world; ++p) {
       bool x = gen(p, i) != 0;
-      if (op == ReduceOp::Sum || op == ReduceOp::Max || op == ReduceOp::BitwiseOr) acc = acc || x;
-      else if (op == ReduceOp::BitwiseXor) acc = acc != x;
-      else acc = acc && x;
+      if (op == ReduceOp::Sum || op == ReduceOp::Max || op == ReduceOp::BitwiseOr)
+        acc = acc || x;
+      else if (op == ReduceOp::BitwiseXor)
+        acc = acc != x;
+      else
+        acc = acc && x;
     }
     out[i] = acc;
   }
@@ -179,9 +224,16 @@ inline std::string compare_bytes(const uint8_t* got, const uint8_t* want, size_t
       std::memcpy(&g, got + i * es, es);
       std::memcpy(&w, want + i * es, es);
       return "element " + std::to_string(i) + " of " + std::to_string(count) + ": got bits 0x" +
-             [](uint64_t v) { char b[32]; std::snprintf(b, sizeof b, "%llx", (unsigned long long)v); return std::string(b); }(g) +
-             ", want 0x" +
-             [](uint64_t v) { char b[32]; std::snprintf(b, sizeof b, "%llx", (unsigned long long)v); return std::string(b); }(w);
+             [](uint64_t v) {
+               char b[32];
+               std::snprintf(b, sizeof b, "%llx", (unsigned long long)v);
+               return std::string(b);
+             }(g) +
+             ", want 0x" + [](uint64_t v) {
+               char b[32];
+               std::snprintf(b, sizeof b, "%llx", (unsigned long long)v);
+               return std::string(b);
+             }(w);
     }
   }
   return {};

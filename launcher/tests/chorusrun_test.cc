@@ -220,8 +220,8 @@ TEST(Chorusrun, HelpReadsLikeTorchrun) {
 
 TEST(Chorusrun, CrashBySignalIsNamedAndTheGroupStopped) {
   const std::string dir = temp_dir();
-  auto r = run({CHORUSRUN, "--nproc-per-node", "3", "--master-port", "0", LAUNCH_PROBE, "--signal-rank", "2",
-                "--sleep", "60", "--pid-dir", dir});
+  auto r = run({CHORUSRUN, "--nproc-per-node", "3", "--master-port", "0", LAUNCH_PROBE, "--signal-rank", "2", "--sleep",
+                "60", "--pid-dir", dir});
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_TRUE(std::regex_search(r.err, std::regex(R"(rank 2 \(pid \d+\) was killed by SIGSEGV)"))) << r.err;
   const auto pids = pids_in(dir);
@@ -313,9 +313,9 @@ TEST(Chorusrun, TwoNodesMeetThroughNodeZerosStore) {
   const std::string port = std::to_string(free_port());
   std::vector<std::unique_ptr<Process>> nodes;
   for (int node = 0; node < 2; ++node)
-    nodes.push_back(std::make_unique<Process>(std::vector<std::string>{
-        CHORUSRUN, "--nnodes", "2", "--node-rank", std::to_string(node), "--nproc-per-node", "2", "--master-addr",
-        "127.0.0.1", "--master-port", port, LAUNCH_PROBE}));
+    nodes.push_back(std::make_unique<Process>(
+        std::vector<std::string>{CHORUSRUN, "--nnodes", "2", "--node-rank", std::to_string(node), "--nproc-per-node",
+                                 "2", "--master-addr", "127.0.0.1", "--master-port", port, LAUNCH_PROBE}));
   std::string out;
   for (auto& n : nodes) {
     auto r = n->finish();
@@ -334,10 +334,13 @@ TEST(Launchers, Torchrun) {
   // Debian's torchrun 1.13 under Python 3.11 cannot parse its default --redirects/--tee of 0.
   for (bool standalone : {true, false}) {
     const std::string dir = temp_dir();
-    std::vector<std::string> argv = {"/usr/bin/torchrun", "--nproc_per_node", "3", "--redirects", "1", "--tee", "2",
-                                     "--log_dir", dir, "--no_python"};
-    if (standalone) argv.insert(argv.begin() + 1, "--standalone");
-    else argv.insert(argv.begin() + 1, {"--master_port", std::to_string(free_port())});  // the agent's store
+    std::vector<std::string> argv = {
+        "/usr/bin/torchrun", "--nproc_per_node", "3", "--redirects", "1", "--tee", "2", "--log_dir", dir,
+        "--no_python"};
+    if (standalone)
+      argv.insert(argv.begin() + 1, "--standalone");
+    else
+      argv.insert(argv.begin() + 1, {"--master_port", std::to_string(free_port())});  // the agent's store
     argv.push_back(LAUNCH_PROBE);
     auto r = run(argv, {{"CHORUS_STORE_TIMEOUT_MS", "60000"}});
     EXPECT_EQ(r.exit_code, 0) << r.err;
@@ -365,17 +368,17 @@ TEST(Launchers, SyntheticSlurmJob) {
   std::vector<std::unique_ptr<Process>> ranks;
   const std::string job = std::to_string(100000 + getpid() % 50000);
   for (int r = 0; r < 3; ++r)
-    ranks.push_back(std::make_unique<Process>(
-        std::vector<std::string>{LAUNCH_PROBE},
-        std::vector<std::pair<std::string, std::string>>{{"SLURM_PROCID", std::to_string(r)},
-                                                         {"SLURM_LOCALID", std::to_string(r)},
-                                                         {"SLURM_NODEID", "0"},
-                                                         {"SLURM_NTASKS", "3"},
-                                                         {"SLURM_NNODES", "1"},
-                                                         {"SLURM_TASKS_PER_NODE", "3"},
-                                                         {"SLURM_JOB_ID", job},
-                                                         {"SLURM_NODELIST", "localhost"},
-                                                         {"MASTER_ADDR", "127.0.0.1"}}));
+    ranks.push_back(
+        std::make_unique<Process>(std::vector<std::string>{LAUNCH_PROBE},
+                                  std::vector<std::pair<std::string, std::string>>{{"SLURM_PROCID", std::to_string(r)},
+                                                                                   {"SLURM_LOCALID", std::to_string(r)},
+                                                                                   {"SLURM_NODEID", "0"},
+                                                                                   {"SLURM_NTASKS", "3"},
+                                                                                   {"SLURM_NNODES", "1"},
+                                                                                   {"SLURM_TASKS_PER_NODE", "3"},
+                                                                                   {"SLURM_JOB_ID", job},
+                                                                                   {"SLURM_NODELIST", "localhost"},
+                                                                                   {"MASTER_ADDR", "127.0.0.1"}}));
   std::string out;
   for (auto& p : ranks) {
     auto r = p->finish();

@@ -21,13 +21,20 @@ int main(int argc, char** argv) {
   std::string pid_dir;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--exit-rank") exit_rank = std::stoi(v);
-    else if (k == "--code") code = std::stoi(v);
-    else if (k == "--signal-rank") signal_rank = std::stoi(v);
-    else if (k == "--fail-until-restart") fail_until = std::stoi(v);
-    else if (k == "--lines") lines = std::stoi(v);
-    else if (k == "--sleep") sleep_s = std::stod(v);
-    else if (k == "--pid-dir") pid_dir = v;
+    if (k == "--exit-rank")
+      exit_rank = std::stoi(v);
+    else if (k == "--code")
+      code = std::stoi(v);
+    else if (k == "--signal-rank")
+      signal_rank = std::stoi(v);
+    else if (k == "--fail-until-restart")
+      fail_until = std::stoi(v);
+    else if (k == "--lines")
+      lines = std::stoi(v);
+    else if (k == "--sleep")
+      sleep_s = std::stod(v);
+    else if (k == "--pid-dir")
+      pid_dir = v;
   }
   const auto env = chorus::Environment::detect();
   if (!pid_dir.empty()) {
@@ -42,9 +49,9 @@ int main(int argc, char** argv) {
   int64_t sum = env.rank;
   comm->all_reduce(&sum, &sum, 1, chorus::DataType::Int64, chorus::ReduceOp::Sum);
   const bool ok = sum == int64_t(env.world_size) * (env.world_size - 1) / 2;
-  std::printf("probe rank=%d world=%d local=%d/%d node=%d launcher=%s restart=%d sum=%s\n", env.rank,
-              env.world_size, env.local_rank, env.local_world_size, env.node_rank,
-              std::string(chorus::to_string(env.launcher)).c_str(), env.restart_count, ok ? "ok" : "WRONG");
+  std::printf("probe rank=%d world=%d local=%d/%d node=%d launcher=%s restart=%d sum=%s\n", env.rank, env.world_size,
+              env.local_rank, env.local_world_size, env.node_rank, std::string(chorus::to_string(env.launcher)).c_str(),
+              env.restart_count, ok ? "ok" : "WRONG");
   std::fflush(stdout);
   const std::string filler(120, char('a' + env.rank % 26));
   for (int i = 0; i < lines; ++i) std::printf("line rank=%d i=%d %s\n", env.rank, i, filler.c_str());

@@ -19,8 +19,10 @@ namespace {
 FuturePtr future_of(const std::shared_ptr<TensorWork>& work, at::Tensor value) {
   auto fut = c10::make_intrusive<Future>(c10::TensorType::get());
   work->on_finish([fut, value](std::exception_ptr error) {
-    if (error) fut->setError(error);
-    else fut->markCompleted(c10::IValue(value));
+    if (error)
+      fut->setError(error);
+    else
+      fut->markCompleted(c10::IValue(value));
   });
   return fut;
 }
@@ -32,9 +34,7 @@ FuturePtr completed(at::Tensor value) {
 }
 
 // The averaged tensor, asynchronously: Mean reduces in f32 even for half types.
-FuturePtr average_async(ProcessGroup& g, at::Tensor t) {
-  return future_of(g.all_reduce_async(t, ReduceOp::Mean), t);
-}
+FuturePtr average_async(ProcessGroup& g, at::Tensor t) { return future_of(g.all_reduce_async(t, ReduceOp::Mean), t); }
 
 CommHook compress_hook(std::shared_ptr<ProcessGroup> group, at::ScalarType type) {
   return [group, type](GradBucket& bucket) {
@@ -42,8 +42,8 @@ CommHook compress_hook(std::shared_ptr<ProcessGroup> group, at::ScalarType type)
     at::Tensor compressed = bucket.buffer().to(type);
     const auto original = bucket.buffer().scalar_type();
     auto fut = average_async(g, compressed);
-    return fut->then(
-        [original](Future& f) { return c10::IValue(f.value().toTensor().to(original)); }, c10::TensorType::get());
+    return fut->then([original](Future& f) { return c10::IValue(f.value().toTensor().to(original)); },
+                     c10::TensorType::get());
   };
 }
 
@@ -53,11 +53,11 @@ CommHook compress_wrapper(CommHook inner, at::ScalarType type) {
     at::Tensor compressed = bucket.buffer().to(type);
     std::vector<at::Tensor> views;
     for (size_t i = 0; i < bucket.gradients().size(); ++i)
-      views.push_back(compressed.narrow(0, bucket.offset(i), bucket.gradients()[i].numel())
-                          .view(bucket.gradients()[i].sizes()));
+      views.push_back(
+          compressed.narrow(0, bucket.offset(i), bucket.gradients()[i].numel()).view(bucket.gradients()[i].sizes()));
     GradBucket half(bucket.index(), bucket.is_last(), compressed, views, bucket.parameters());
-    return inner(half)->then(
-        [original](Future& f) { return c10::IValue(f.value().toTensor().to(original)); }, c10::TensorType::get());
+    return inner(half)->then([original](Future& f) { return c10::IValue(f.value().toTensor().to(original)); },
+                             c10::TensorType::get());
   };
 }
 
@@ -125,8 +125,8 @@ at::Tensor low_rank_average(ProcessGroup& g, const PowerSGDState& state, at::Ten
 void check_state(const std::shared_ptr<PowerSGDState>& state, const char* hook) {
   if (!state) throw InvalidArgument(concat(hook, ": the state is null"));
   if (state->matrix_approximation_rank < 1)
-    throw InvalidArgument(concat(hook, ": matrix_approximation_rank must be >= 1 (it is ",
-                                         state->matrix_approximation_rank, ")"));
+    throw InvalidArgument(
+        concat(hook, ": matrix_approximation_rank must be >= 1 (it is ", state->matrix_approximation_rank, ")"));
 }
 
 // Error feedback: adds to x what compression lost of it last time, and returns x as it then is

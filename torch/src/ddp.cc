@@ -34,9 +34,9 @@ using detail::concat;
 
 struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> {
   struct Bucket {
-    std::vector<size_t> params;        // indices into Reducer::params
-    at::Tensor buffer;                 // flat, one dtype
-    std::vector<at::Tensor> views;     // per parameter, into buffer
+    std::vector<size_t> params;     // indices into Reducer::params
+    at::Tensor buffer;              // flat, one dtype
+    std::vector<at::Tensor> views;  // per parameter, into buffer
     size_t pending = 0;
     c10::intrusive_ptr<c10::ivalue::Future> future;
   };
@@ -61,8 +61,10 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
     at::Tensor& slot = buckets[bucket_of[i]].views[slot_of[i]];
     at::Tensor& grad = params[i].mutable_grad();
     if (grad.defined() && grad.data_ptr() == slot.data_ptr()) return;
-    if (grad.defined()) slot.copy_(grad.reshape(slot.sizes()));
-    else slot.zero_();
+    if (grad.defined())
+      slot.copy_(grad.reshape(slot.sizes()));
+    else
+      slot.zero_();
     grad = slot;
   }
   void launch_ready_buckets();
@@ -78,21 +80,22 @@ at::Tensor bucket_buffer(ProcessGroup& group, int64_t numel, const at::TensorOpt
   if (!options.device().is_cpu() || numel == 0) return at::zeros({numel}, options);
   SymmetricMemory mem = group.communicator().alloc_symmetric(size_t(numel) * options.dtype().itemsize());
   void* data = mem.data();
-  return torch::from_blob(data, {numel}, [mem = std::move(mem)](void*) {}, options);
+  return torch::from_blob(
+      data, {numel}, [mem = std::move(mem)](void*) {}, options);
 }
 
-struct ReadyHook : torch::autograd::FunctionPostHook {
-  ReadyHook(std::weak_ptr<DistributedDataParallel::Reducer> r, size_t i) : reducer(std::move(r)), index(i) {}
+}  // namespace
+
+struct DistributedDataParallel::ReadyHook : torch::autograd::FunctionPostHook {
+  ReadyHook(std::weak_ptr<Reducer> r, size_t i) : reducer(std::move(r)), index(i) {}
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
                                             const torch::autograd::variable_list& /*inputs*/) override {
     if (auto r = reducer.lock()) r->mark_ready(index);
     return outputs;
   }
-  std::weak_ptr<DistributedDataParallel::Reducer> reducer;
+  std::weak_ptr<Reducer> reducer;
   size_t index;
 };
-
-}  // namespace
 
 void DistributedDataParallel::Reducer::mark_ready(size_t i) {
   std::lock_guard<std::mutex> lock(mu);
@@ -157,10 +160,10 @@ void DistributedDataParallel::Reducer::finalize() {
   }
   if (!unused.empty()) {
     reset();
-    throw InvalidArgument(concat(
-        "DistributedDataParallel: parameter(s) ", unused,
-        " got no gradient in this backward pass, so their buckets cannot be reduced; if the model "
-        "skips parameters on purpose, construct it with DDPOptions{.find_unused_parameters = true}"));
+    throw InvalidArgument(
+        concat("DistributedDataParallel: parameter(s) ", unused,
+               " got no gradient in this backward pass, so their buckets cannot be reduced; if the model "
+               "skips parameters on purpose, construct it with DDPOptions{.find_unused_parameters = true}"));
   }
   if (error) {
     reset();
@@ -224,8 +227,8 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   for (size_t k = n; k-- > 0;) {
     const at::Tensor& p = r.params[k];
     const double cap = (layout.size() <= 1 ? options_.first_bucket_mb : options_.bucket_cap_mb) * 1024 * 1024;
-    const bool fits = !layout.empty() && bytes < size_t(cap) &&
-                      r.params[layout.back().front()].scalar_type() == p.scalar_type();
+    const bool fits =
+        !layout.empty() && bytes < size_t(cap) && r.params[layout.back().front()].scalar_type() == p.scalar_type();
     if (!fits) {
       layout.emplace_back();
       bytes = 0;

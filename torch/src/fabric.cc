@@ -9,13 +9,13 @@
 #include <set>
 #include <thread>
 
-#include "chorus/collections.h"
+#include "chorus/accelerate.h"
 #include "chorus/core/rendezvous.h"
 #include "chorus/core/supervisor.h"
 #include "chorus/core/tcp_store.h"
 #include "chorus/lightning.h"
-#include "objects.h"
-#include "structured.h"
+#include "collections/collective.h"
+#include "objects/collective.h"
 
 namespace chorus {
 
@@ -137,11 +137,14 @@ void Fabric::barrier(const std::string& name) {
 }
 
 at::Tensor Fabric::broadcast(const at::Tensor& t, int src) {
-  return detail::broadcast_value(world(), src, [&] { return c10::IValue(t); }, "Fabric::broadcast").toTensor();
+  return detail::broadcast_value(
+             world(), src, [&] { return c10::IValue(t); }, "Fabric::broadcast")
+      .toTensor();
 }
 
 c10::IValue Fabric::broadcast(const c10::IValue& obj, int src) {
-  return detail::broadcast_value(world(), src, [&] { return obj; }, "Fabric::broadcast");
+  return detail::broadcast_value(
+      world(), src, [&] { return obj; }, "Fabric::broadcast");
 }
 
 at::Tensor Fabric::all_gather(const at::Tensor& t, std::shared_ptr<ProcessGroup> group, bool sync_grads) {
@@ -212,16 +215,18 @@ DistributedDataParallel& Fabric::setup(std::shared_ptr<torch::nn::Module> module
   return setup(std::move(module), std::move(options));
 }
 
-NoBackwardSync Fabric::no_backward_sync(DistributedDataParallel& module, bool enabled) {
+NoSyncGuard Fabric::no_backward_sync(DistributedDataParallel& module, bool enabled) {
   for (auto& w : wrapped_)
-    if (w.get() == &module) return NoBackwardSync(enabled ? &module : nullptr);
-  throw InvalidArgument("Fabric::no_backward_sync: this module was not set up by this Fabric: call fabric.setup(module) first");
+    if (w.get() == &module) return NoSyncGuard(enabled ? &module : nullptr);
+  throw InvalidArgument(
+      "Fabric::no_backward_sync: this module was not set up by this Fabric: call fabric.setup(module) first");
 }
 
-NoBackwardSync Fabric::no_backward_sync(const torch::nn::Module& module, bool enabled) {
+NoSyncGuard Fabric::no_backward_sync(const torch::nn::Module& module, bool enabled) {
   for (auto& w : wrapped_)
-    if (&w->module() == &module) return NoBackwardSync(enabled ? w.get() : nullptr);
-  throw InvalidArgument("Fabric::no_backward_sync: this module was not set up by this Fabric: call fabric.setup(module) first");
+    if (&w->module() == &module) return NoSyncGuard(enabled ? w.get() : nullptr);
+  throw InvalidArgument(
+      "Fabric::no_backward_sync: this module was not set up by this Fabric: call fabric.setup(module) first");
 }
 
 }  // namespace chorus

@@ -3,7 +3,7 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
-#include "chorus/helpers.h"
+#include "chorus/axolotl.h"
 
 namespace chorus {
 
@@ -36,6 +36,8 @@ struct AllGatherGrad : public torch::autograd::Function<AllGatherGrad> {
 };
 
 }  // namespace
+
+inline namespace lightning {
 
 at::Tensor all_gather_with_grad(const at::Tensor& t, std::shared_ptr<ProcessGroup> group) {
   return AllGatherGrad::apply(t, std::move(group));
@@ -90,4 +92,5 @@ std::shared_ptr<ProcessGroup> init_dist_connection(const ClusterEnvironment& env
   return init_process_group(e, options);
 }
 
+}  // namespace lightning
 }  // namespace chorus

@@ -196,12 +196,15 @@ Prepared scatter_body(Communicator& comm, const std::optional<at::Tensor>& stack
   int64_t meta[2 + kMaxDims] = {0};
   if (mine) {
     std::string why;
-    if (!stacked || !stacked->defined()) why = "the source must pass the stacked tensor (size(), ...)";
+    if (!stacked || !stacked->defined())
+      why = "the source must pass the stacked tensor (size(), ...)";
     else if (stacked->dim() == 0 || stacked->size(0) != w)
       why = concat("the source's tensor is ", detail::describe(*stacked), " but must be (", w,
                    ", ...): one block per rank along dim 0");
-    else if (stacked->dim() > kMaxDims) why = concat("tensors of more than ", kMaxDims - 1, " dims are not supported");
-    else why = detail::tensor_problem(*stacked);
+    else if (stacked->dim() > kMaxDims)
+      why = concat("tensors of more than ", kMaxDims - 1, " dims are not supported");
+    else
+      why = detail::tensor_problem(*stacked);
     if (!why.empty()) comm.reject("scatter", why);
     b = input(comm, *stacked, "scatter");
     meta[0] = int64_t(b.tensor.scalar_type());
@@ -238,7 +241,8 @@ Prepared all_to_all_body(Communicator& comm, const at::Tensor& t) {
 // its own deadline or mismatch), so it throws here without communicating.
 Buffer message(const at::Tensor& t, const char* op, bool receiving) {
   if (auto why = detail::tensor_problem(t); !why.empty()) throw InvalidArgument(concat(op, ": ", why));
-  at::Tensor c = receiving ? (t.is_contiguous() ? t : at::empty_like(t, at::MemoryFormat::Contiguous)) : detail::plain(t);
+  at::Tensor c =
+      receiving ? (t.is_contiguous() ? t : at::empty_like(t, at::MemoryFormat::Contiguous)) : detail::plain(t);
   return Buffer{c, core_type(c.scalar_type())->dtype, core_count(c)};
 }
 
@@ -254,7 +258,9 @@ void ProcessGroup::all_reduce_(at::Tensor& t, ReduceOp op) { run_now(all_reduce_
 void ProcessGroup::broadcast_(at::Tensor& t, int src) { run_now(broadcast_body(*comm_, t, src)); }
 void ProcessGroup::reduce_(at::Tensor& t, int dst, ReduceOp op) { run_now(reduce_body(*comm_, t, dst, op)); }
 at::Tensor ProcessGroup::all_gather(const at::Tensor& t) { return run_now(all_gather_body(*comm_, t))[0]; }
-std::vector<at::Tensor> ProcessGroup::all_gather_v(const at::Tensor& t) { return run_now(all_gather_v_body(*comm_, t)); }
+std::vector<at::Tensor> ProcessGroup::all_gather_v(const at::Tensor& t) {
+  return run_now(all_gather_v_body(*comm_, t));
+}
 std::optional<at::Tensor> ProcessGroup::gather(const at::Tensor& t, int dst) {
   auto outputs = run_now(gather_body(*comm_, t, dst));
   if (outputs.empty()) return std::nullopt;
@@ -316,7 +322,8 @@ std::shared_ptr<TensorWork> ProcessGroup::send_async(const at::Tensor& t, int ds
 }
 std::shared_ptr<TensorWork> ProcessGroup::recv_async(at::Tensor& t, int src, int tag) {
   Buffer m = message(t, "recv", true);
-  return track(comm_->recv_async(m.data(), m.count, m.dtype, src, tag), {}, [t, m]() mutable { write_back(t, m.tensor); });
+  return track(comm_->recv_async(m.data(), m.count, m.dtype, src, tag), {},
+               [t, m]() mutable { write_back(t, m.tensor); });
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::split(const std::vector<int>& ranks) {
@@ -362,8 +369,9 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
 std::shared_ptr<ProcessGroup> default_group() {
   std::lock_guard<std::mutex> lock(g_mu);
   if (!g_default)
-    throw Error("chorus: the default process group is not initialized: call chorus::init_process_group() "
-                "(or Fabric::launch()) first");
+    throw Error(
+        "chorus: the default process group is not initialized: call chorus::init_process_group() "
+        "(or Fabric::launch()) first");
   return g_default;
 }
 

@@ -40,8 +40,6 @@ at::Tensor alias_of(const at::Tensor& base, at::IntArrayRef sizes, int64_t offse
 at::Tensor alias_of(const at::Tensor& base, at::IntArrayRef sizes, at::IntArrayRef strides, int64_t offset);
 
 // Elements of the core dtype that carry t.
-inline size_t core_count(const at::Tensor& t) {
-  return size_t(t.numel()) * core_type(t.scalar_type())->per_element;
-}
+inline size_t core_count(const at::Tensor& t) { return size_t(t.numel()) * core_type(t.scalar_type())->per_element; }
 
 }  // namespace chorus::detail

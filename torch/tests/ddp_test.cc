@@ -86,7 +86,8 @@ TEST(DDP, SmallBucketsOverlapAndStillMatch) {
     // Tiny buckets: one per parameter or so, launched while backward is still running.
     DistributedDataParallel ddp(model.ptr(), {.bucket_cap_mb = 1e-5, .first_bucket_mb = 1e-5});
     RANK_CHECK(ddp.bucket_layout().size() == 6, "expected a bucket per parameter, got ", ddp.bucket_layout().size());
-    RANK_CHECK(ddp.bucket_layout().front().front() == model->parameters().size() - 1, "buckets start from the last parameter");
+    RANK_CHECK(ddp.bucket_layout().front().front() == model->parameters().size() - 1,
+               "buckets start from the last parameter");
     train_side_by_side(model, reference, 5, false);
     RANK_CHECK(max_diff(*model, *reference) <= 1e-5);
   });
@@ -223,9 +224,8 @@ TEST(CommHooks, LowRankPowerSGDTrainsAlmostAsWellAsDDP) {
         auto state = std::make_shared<PowerSGDState>();
         state->matrix_approximation_rank = rank;
         state->start_powerSGD_iter = 10;
-        const double loss = regression_loss([&](auto& d) {
-          d.register_comm_hook(batched ? batched_powerSGD_hook(state) : powerSGD_hook(state));
-        });
+        const double loss = regression_loss(
+            [&](auto& d) { d.register_comm_hook(batched ? batched_powerSGD_hook(state) : powerSGD_hook(state)); });
         RANK_CHECK(loss <= 1.05 * plain, "PowerSGD rank ", rank, batched ? " (batched)" : "", ": loss ", loss,
                    " against DDP's ", plain);
       }
@@ -275,7 +275,8 @@ TEST(CommHooks, PostLocalSGDSwitchesToTheSubgroupAndTheAveragerReequalizes) {
       if (step < 3) {
         RANK_CHECK(at::equal(all[0], all[3]), "step ", step, ": global all-reduce expected");
       } else {
-        RANK_CHECK(at::equal(all[0], all[1]) && at::equal(all[2], all[3]), "step ", step, ": subgroups diverged inside");
+        RANK_CHECK(at::equal(all[0], all[1]) && at::equal(all[2], all[3]), "step ", step,
+                   ": subgroups diverged inside");
         RANK_CHECK(!at::equal(all[0], all[2]), "step ", step, ": subgroups should differ after local SGD started");
       }
       averager.average_parameters(model->parameters());
@@ -301,7 +302,8 @@ TEST(DDP, UnusedParametersAreNamedOrHandled) {
     auto strict = std::make_shared<TwoHeads>();
     DistributedDataParallel ddp(strict);
     auto msg = RANK_EXPECT_THROW(InvalidArgument, strict->forward(at::ones({3, 4}), false).sum().backward());
-    RANK_CHECK(msg.find("b.weight") != std::string::npos && msg.find("find_unused_parameters") != std::string::npos, msg);
+    RANK_CHECK(msg.find("b.weight") != std::string::npos && msg.find("find_unused_parameters") != std::string::npos,
+               msg);
     strict->forward(at::ones({3, 4}), true).sum().backward();  // the group is still usable
 
     auto lenient = std::make_shared<TwoHeads>();

@@ -70,7 +70,8 @@ void failing_child(const std::string& when) {
   const std::string dir = mkdtemp(tmpl);
   auto r = run_probe({"--fail-rank", "2", "--when", when, "--pid-dir", dir});
   EXPECT_NE(r.code, 0);
-  EXPECT_TRUE(std::regex_search(r.err, std::regex(R"(Fabric::launch: .*rank 2 \(pid \d+\) exited with code 5)"))) << r.err;
+  EXPECT_TRUE(std::regex_search(r.err, std::regex(R"(Fabric::launch: .*rank 2 \(pid \d+\) exited with code 5)")))
+      << r.err;
   EXPECT_NE(r.err.find("rank 0 raised"), std::string::npos) << r.err;
   for (int pid : pids_in(dir)) EXPECT_TRUE(gone(pid)) << "child " << pid << " outlived the run";
 }

@@ -66,7 +66,7 @@ TEST(Fabric, AllGatherStacksTensorsAndCollections) {
     RANK_CHECK_EQUAL(d.at("list").toList().get(1).toTensor(), at::stack(l1));
     RANK_CHECK_EQUAL(d.at("mask").toTensor(), at::stack(mask));
     RANK_CHECK_EQUAL(d.at("steps").toTensor(), at::arange(w, at::kLong) + 10);  // numbers travel as exact 0-d tensors
-    RANK_CHECK(d.at("tag").toStringRef() == "rank" + std::to_string(me));      // strings stay
+    RANK_CHECK(d.at("tag").toStringRef() == "rank" + std::to_string(me));       // strings stay
     auto stats = d.at("stats");
     RANK_CHECK(stats.type()->cast<c10::TupleType>()->name()->name() == "Stats");
     RANK_CHECK_EQUAL(stats.toTupleRef().elements()[0].toTensor(), at::stack(loss));
@@ -90,7 +90,8 @@ TEST(Fabric, AllReduceEveryOpOnTensorsAndCollections) {
     at::Tensor bits = at::full({2}, int64_t(1) << me, at::kLong);
     RANK_CHECK_EQUAL(fabric.all_reduce(bits, nullptr, "bor"), at::full({2}, (int64_t(1) << w) - 1, at::kLong));
     RANK_CHECK_EQUAL(fabric.all_reduce(bits, nullptr, ReduceOp::BitwiseAnd), at::full({2}, w == 1 ? 1 : 0, at::kLong));
-    RANK_CHECK_EQUAL(fabric.all_reduce(bits, nullptr, ReduceOp::BitwiseXor), at::full({2}, (int64_t(1) << w) - 1, at::kLong));
+    RANK_CHECK_EQUAL(fabric.all_reduce(bits, nullptr, ReduceOp::BitwiseXor),
+                     at::full({2}, (int64_t(1) << w) - 1, at::kLong));
 
     // A collection: float leaves averaged, number leaves come back as numbers of their type.
     c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
@@ -104,7 +105,8 @@ TEST(Fabric, AllReduceEveryOpOnTensorsAndCollections) {
     RANK_CHECK(summed.at("lr").isDouble() && summed.at("lr").toDouble() == 0.5 * tri);
     RANK_CHECK(summed.at("name").toStringRef() == "n");
     auto msg = RANK_EXPECT_THROW(InvalidArgument, fabric.all_reduce(c10::IValue(d)));  // mean of an int leaf
-    RANK_CHECK(msg.find("['count']") != std::string::npos && msg.find("convert to a floating type") != std::string::npos, msg);
+    RANK_CHECK(
+        msg.find("['count']") != std::string::npos && msg.find("convert to a floating type") != std::string::npos, msg);
     (void)d.erase("count");
     auto mean = fabric.all_reduce(c10::IValue(d)).toGenericDict();
     RANK_CHECK(mean.at("lr").toDouble() == 0.5 * tri / w);
@@ -128,7 +130,8 @@ TEST(Fabric, CollectionsThatDifferAreMismatchesOnEveryRank) {
     RANK_EXPECT_THROW(CollectiveMismatch, fabric.all_reduce(c10::IValue(f), nullptr, ReduceOp::Sum));
     RANK_EXPECT_THROW(CollectiveMismatch, gather(c10::IValue(f)));
     // and the group goes on
-    RANK_CHECK_EQUAL(fabric.all_reduce(at::ones({1}), nullptr, ReduceOp::Sum), at::full({1}, float(fabric.world_size())));
+    RANK_CHECK_EQUAL(fabric.all_reduce(at::ones({1}), nullptr, ReduceOp::Sum),
+                     at::full({1}, float(fabric.world_size())));
   });
 }
 

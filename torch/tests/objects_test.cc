@@ -35,7 +35,8 @@ void check_object(const c10::IValue& got, int r) {
   RANK_CHECK(g.size() == w.size());
   RANK_CHECK(g.at("rank").toInt() == r && g.at("scale").toDouble() == 0.5 * r);
   RANK_CHECK(g.at("name").toStringRef() == w.at("name").toStringRef());
-  RANK_CHECK(g.at("ids").type()->annotation_str() == "List[int]" && g.at("ids").toIntVector() == w.at("ids").toIntVector());
+  RANK_CHECK(g.at("ids").type()->annotation_str() == "List[int]" &&
+             g.at("ids").toIntVector() == w.at("ids").toIntVector());
   RANK_CHECK_EQUAL(g.at("weights").toTensor(), w.at("weights").toTensor());
   RANK_CHECK(g.at("by_id").type()->annotation_str() == "Dict[int, Tensor]", g.at("by_id").type()->annotation_str());
   RANK_CHECK_EQUAL(g.at("by_id").toGenericDict().at(int64_t(r)).toTensor(), at::full({2}, int64_t(r), at::kLong));
@@ -95,7 +96,8 @@ TEST(Objects, LargeObjectsWithTensorsInside) {
     RANK_CHECK(third.data_ptr() == reused || me == 0, "a freed block should serve the next receive");
     RANK_CHECK_EQUAL(third, at::full({1 << 19}, 3.0, at::kDouble));
     auto all = all_gather_object(at::full({1 << 20}, double(me), at::kDouble));
-    for (int r = 0; r < default_group()->size(); ++r) RANK_CHECK_EQUAL(all[size_t(r)].toTensor(), at::full({1 << 20}, double(r), at::kDouble));
+    for (int r = 0; r < default_group()->size(); ++r)
+      RANK_CHECK_EQUAL(all[size_t(r)].toTensor(), at::full({1 << 20}, double(r), at::kDouble));
   });
 }
 
@@ -109,8 +111,8 @@ TEST(Objects, TypedBroadcastKeepsExactTypes) {
     using Nested = std::map<std::string, std::vector<std::tuple<int, double, std::optional<std::string>>>>;
     Nested n{{"a", {{me, 1.5, std::nullopt}, {2, 2.5, std::string("s")}}}};
     Nested got = broadcast_object(n, 0);
-    RANK_CHECK(std::get<0>(got.at("a")[0]) == 0 && std::get<1>(got.at("a")[1]) == 2.5 &&
-               !std::get<2>(got.at("a")[0]) && *std::get<2>(got.at("a")[1]) == "s");
+    RANK_CHECK(std::get<0>(got.at("a")[0]) == 0 && std::get<1>(got.at("a")[1]) == 2.5 && !std::get<2>(got.at("a")[0]) &&
+               *std::get<2>(got.at("a")[1]) == "s");
   });
 }
 
@@ -119,7 +121,12 @@ TEST(Helpers, ComputeGatherReduceWithExactTypes) {
     const int w = default_group()->size(), me = default_group()->rank();
     RANK_CHECK(is_distributed() == (w > 1) && is_main_process() == (me == 0));
     int calls = 0;
-    auto v = compute_and_broadcast([&] { ++calls; return int64_t(9007199254740993) + me; }, w - 1);
+    auto v = compute_and_broadcast(
+        [&] {
+          ++calls;
+          return int64_t(9007199254740993) + me;
+        },
+        w - 1);
     static_assert(std::is_same_v<decltype(v), int64_t>);
     RANK_CHECK(v == int64_t(9007199254740993) + w - 1 && calls == (me == w - 1 ? 1 : 0));
     auto s = compute_and_broadcast([&] { return std::string("from ") + std::to_string(me); });
@@ -156,33 +163,53 @@ TEST(Helpers, LeaderFailuresReachEveryRank) {
   for_worlds({1, 2, 3}, [] {
     const int w = default_group()->size(), me = default_group()->rank();
     auto boom = [&] { throw std::runtime_error("dataset download failed"); };
-    auto msg = RANK_EXPECT_THROW(std::runtime_error, compute_and_broadcast([&]() -> int { boom(); return 0; }));
+    auto msg = RANK_EXPECT_THROW(std::runtime_error, compute_and_broadcast([&]() -> int {
+                                   boom();
+                                   return 0;
+                                 }));
     RANK_CHECK(msg.find("dataset download failed") != std::string::npos, msg);
     if (me != 0) RANK_CHECK(msg.find("rank 0 failed") != std::string::npos, msg);
 
     int ran = 0;
-    msg = RANK_EXPECT_THROW(std::runtime_error, zero_first(me == 0, [&] { ++ran; if (me == 0) boom(); }));
+    msg = RANK_EXPECT_THROW(std::runtime_error, zero_first(me == 0, [&] {
+                              ++ran;
+                              if (me == 0) boom();
+                            }));
     RANK_CHECK(msg.find("dataset download failed") != std::string::npos && ran == (me == 0 ? 1 : 0), msg);
 
     Fabric fabric;
-    msg = RANK_EXPECT_THROW(std::runtime_error, fabric.rank_zero_first([&] { if (me == 0) boom(); }));
-    RANK_CHECK(msg.find("dataset download failed") != std::string::npos, msg);
-    msg = RANK_EXPECT_THROW(std::runtime_error, fabric.rank_zero_first([&] { if (me == 0) boom(); }, true));
-    RANK_CHECK(msg.find("dataset download failed") != std::string::npos, msg);
-
-    msg = RANK_EXPECT_THROW(std::runtime_error, reduce_and_broadcast([&] { return me; }, [&](std::vector<int>) -> int {
-      boom();
-      return 0;
+    msg = RANK_EXPECT_THROW(std::runtime_error, fabric.rank_zero_first([&] {
+      if (me == 0) boom();
     }));
     RANK_CHECK(msg.find("dataset download failed") != std::string::npos, msg);
+    msg = RANK_EXPECT_THROW(std::runtime_error, fabric.rank_zero_first(
+                                                    [&] {
+                                                      if (me == 0) boom();
+                                                    },
+                                                    true));
+    RANK_CHECK(msg.find("dataset download failed") != std::string::npos, msg);
+
+    msg = RANK_EXPECT_THROW(std::runtime_error, reduce_and_broadcast([&] { return me; },
+                                                                     [&](std::vector<int>) -> int {
+                                                                       boom();
+                                                                       return 0;
+                                                                     }));
+    RANK_CHECK(msg.find("dataset download failed") != std::string::npos, msg);
     // fn1 failing on the last rank only
-    msg = RANK_EXPECT_THROW(std::runtime_error, reduce_and_broadcast([&] { if (me == w - 1) boom(); return me; },
-                                                                 [&](std::vector<int> v) { return int(v.size()); }));
+    msg = RANK_EXPECT_THROW(std::runtime_error, reduce_and_broadcast(
+                                                    [&] {
+                                                      if (me == w - 1) boom();
+                                                      return me;
+                                                    },
+                                                    [&](std::vector<int> v) { return int(v.size()); }));
     RANK_CHECK(msg.find("dataset download failed") != std::string::npos, msg);
 
     // Errors are Error on the other ranks, the leader's own exception on the leader.
     try {
-      compute_and_broadcast([&]() -> int { boom(); return 0; });
+      compute_and_broadcast([&]() -> int {
+        boom();
+        return 0;
+      });
     } catch (const Error& e) {
       RANK_CHECK(me != 0, "the leader should rethrow its own exception");
     } catch (const std::runtime_error& e) {

@@ -88,7 +88,8 @@ TEST(Accelerate, RngStatesAndSeeds) {
     set_seed(1234, /*device_specific=*/true);
     at::Tensor mine = at::rand({4});
     auto all = all_gather_object(mine);
-    for (int r = 0; r < w; ++r) RANK_CHECK(r == me || !at::equal(all[size_t(r)].toTensor(), mine), "seeds should differ per rank");
+    for (int r = 0; r < w; ++r)
+      RANK_CHECK(r == me || !at::equal(all[size_t(r)].toTensor(), mine), "seeds should differ per rank");
     synchronize_rng_states();
     at::Tensor synced = at::rand({4});
     auto all_synced = all_gather_object(synced);

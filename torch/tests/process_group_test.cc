@@ -8,9 +8,9 @@
 namespace chorus::test {
 namespace {
 
-const std::vector<at::ScalarType> kTypes = {at::kFloat, at::kDouble, at::kHalf,  at::kBFloat16, at::kChar,
-                                            at::kByte,  at::kShort,  at::kInt,   at::kLong,     at::kBool,
-                                            at::kComplexFloat};
+const std::vector<at::ScalarType> kTypes = {at::kFloat, at::kDouble, at::kHalf,        at::kBFloat16,
+                                            at::kChar,  at::kByte,   at::kShort,       at::kInt,
+                                            at::kLong,  at::kBool,   at::kComplexFloat};
 
 // Rank r's input: small integers (exact in every dtype, products stay in range), or bools.
 at::Tensor input(int r, at::ScalarType type, at::IntArrayRef shape) {
@@ -35,8 +35,8 @@ at::Tensor strided(const at::Tensor& t) {
 std::vector<ReduceOp> ops_for(at::ScalarType type) {
   if (at::isComplexType(type)) return {ReduceOp::Sum, ReduceOp::Mean};
   if (at::isFloatingType(type)) return {ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Product, ReduceOp::Min, ReduceOp::Max};
-  return {ReduceOp::Sum, ReduceOp::Product, ReduceOp::Min, ReduceOp::Max, ReduceOp::BitwiseAnd, ReduceOp::BitwiseOr,
-          ReduceOp::BitwiseXor};
+  return {ReduceOp::Sum,        ReduceOp::Product,   ReduceOp::Min,       ReduceOp::Max,
+          ReduceOp::BitwiseAnd, ReduceOp::BitwiseOr, ReduceOp::BitwiseXor};
 }
 
 // The reduction of every rank's input, in rank order, computed in a wide type.
@@ -45,9 +45,12 @@ at::Tensor expected_reduce(int w, at::ScalarType type, at::IntArrayRef shape, Re
     at::Tensor acc = input(0, type, shape);
     for (int r = 1; r < w; ++r) {
       auto x = input(r, type, shape);
-      if (op == ReduceOp::Product || op == ReduceOp::Min || op == ReduceOp::BitwiseAnd) acc = acc.logical_and(x);
-      else if (op == ReduceOp::BitwiseXor) acc = acc.logical_xor(x);
-      else acc = acc.logical_or(x);
+      if (op == ReduceOp::Product || op == ReduceOp::Min || op == ReduceOp::BitwiseAnd)
+        acc = acc.logical_and(x);
+      else if (op == ReduceOp::BitwiseXor)
+        acc = acc.logical_xor(x);
+      else
+        acc = acc.logical_or(x);
     }
     return acc;
   }
@@ -87,8 +90,10 @@ TEST(ProcessGroup, AllReduceEveryDtypeOpAndShape) {
             g->all_reduce_(t, op);
             at::Tensor want = expected_reduce(w, type, shape, op);
             const bool half_mean = op == ReduceOp::Mean && (type == at::kHalf || type == at::kBFloat16);
-            if (half_mean) RANK_CHECK(at::allclose(t.to(at::kFloat), want.to(at::kFloat), 1e-2, 1e-2));
-            else RANK_CHECK_EQUAL(t, want);
+            if (half_mean)
+              RANK_CHECK(at::allclose(t.to(at::kFloat), want.to(at::kFloat), 1e-2, 1e-2));
+            else
+              RANK_CHECK_EQUAL(t, want);
           }
   });
 }
@@ -104,8 +109,9 @@ TEST(ProcessGroup, BroadcastAndReduceFromTheLastRank) {
         RANK_CHECK_EQUAL(t, input(last, type, shape));
         at::Tensor u = input(me, type, shape);
         g->reduce_(u, last, type == at::kBool ? ReduceOp::Max : ReduceOp::Sum);
-        RANK_CHECK_EQUAL(u, me == last ? expected_reduce(w, type, shape, type == at::kBool ? ReduceOp::Max : ReduceOp::Sum)
-                                       : input(me, type, shape));
+        RANK_CHECK_EQUAL(u, me == last
+                                ? expected_reduce(w, type, shape, type == at::kBool ? ReduceOp::Max : ReduceOp::Sum)
+                                : input(me, type, shape));
       }
   });
 }
@@ -222,7 +228,8 @@ TEST(ProcessGroupErrors, BadInputOnOneRankIsAnErrorOnEveryRank) {
     at::Tensor odd = at::ones({g->size() + 1});
     msg = RANK_EXPECT_THROW(InvalidArgument, g->reduce_scatter(odd));
     RANK_CHECK(msg.find("multiple of the group size") != std::string::npos, msg);
-    msg = RANK_EXPECT_THROW(InvalidArgument, g->scatter(me == 0 ? std::optional<at::Tensor>(at::ones({1})) : std::nullopt, 0));
+    msg = RANK_EXPECT_THROW(InvalidArgument,
+                            g->scatter(me == 0 ? std::optional<at::Tensor>(at::ones({1})) : std::nullopt, 0));
     RANK_CHECK(msg.find("one block per rank") != std::string::npos, msg);
 
     at::Tensor x = at::ones({4});
@@ -235,7 +242,8 @@ TEST(ProcessGroupErrors, DifferentShapesOrDtypesAreMismatches) {
   for_worlds({2, 3}, [] {
     auto g = default_group();
     const int me = g->rank();
-    auto msg = RANK_EXPECT_THROW(CollectiveMismatch, g->all_gather_v(at::ones(std::vector<int64_t>(size_t(me + 1), 1))));
+    auto msg =
+        RANK_EXPECT_THROW(CollectiveMismatch, g->all_gather_v(at::ones(std::vector<int64_t>(size_t(me + 1), 1))));
     RANK_CHECK(msg.find("rank 1: all_gather_v(Float[1, 1])") != std::string::npos, msg);
     at::Tensor t = at::ones({3}, me == 0 ? at::kFloat : at::kDouble);
     msg = RANK_EXPECT_THROW(CollectiveMismatch, g->all_reduce_(t));

@@ -62,8 +62,10 @@ class Validation {
     buffer(c_.in, in_elems, "input");
     if (!has_out) return;
     buffer(c_.out, out_elems, "output");
-    if (out_at) aliasing(c_.out, out_elems, c_.in, in_elems, out_at);
-    else aliasing(c_.in, in_elems, c_.out, out_elems, in_at);
+    if (out_at)
+      aliasing(c_.out, out_elems, c_.in, in_elems, out_at);
+    else
+      aliasing(c_.in, in_elems, c_.out, out_elems, in_at);
   }
 
  private:
@@ -107,9 +109,7 @@ void validate_arguments(Call& c, int rank, int size, const std::string& group) {
         v.aliasing(c.out, n, c.in, n * W, n * uint64_t(rank));
       }
       return;
-    case OpKind::AllToAll:
-      v.dtype();
-      return v.buffers(n * W, n * W, true, 0, std::nullopt);
+    case OpKind::AllToAll: v.dtype(); return v.buffers(n * W, n * W, true, 0, std::nullopt);
     case OpKind::AllGather:
     case OpKind::Gather:
     case OpKind::AllGatherV:

@@ -9,19 +9,19 @@ namespace chorus {
 
 const std::vector<BackendRow>& backend_table() {
   static const std::vector<BackendRow> rows = {
-      {"shm", false, make_shm_backend},
+    {"shm", false, make_shm_backend},
 #if CHORUS_HAVE_GLOO
-      {"gloo", true,
-       [](Store& store, int rank, int size, const BackendOptions& o) {
-         return make_engine_backend(make_gloo_engine(store, rank, size, left_until(o.deadline)), store, rank, size, o);
-       }},
+    {"gloo", true,
+     [](Store& store, int rank, int size, const BackendOptions& o) {
+       return make_engine_backend(make_gloo_engine(store, rank, size, left_until(o.deadline)), store, rank, size, o);
+     }},
 #endif
 #if CHORUS_HAVE_MPI
-      {"mpi", true,
-       [](Store& store, int rank, int size, const BackendOptions& o) {
-         return make_engine_backend(make_mpi_engine(store, rank, size, o.group_name, left_until(o.deadline)), store,
-                                    rank, size, o);
-       }},
+    {"mpi", true,
+     [](Store& store, int rank, int size, const BackendOptions& o) {
+       return make_engine_backend(make_mpi_engine(store, rank, size, o.group_name, left_until(o.deadline)), store, rank,
+                                  size, o);
+     }},
 #endif
   };
   return rows;

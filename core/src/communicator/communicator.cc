@@ -81,10 +81,10 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
       std::vector<int> absent;
       for (int r = 0; r < size_; ++r)
         if (!store_->check({keys[size_t(r)]})) absent.push_back(r);
-      throw TimeoutError(detail::concat("group '", options_.name, "': rank ", rank_, " waited ",
-                                        options_.timeout.count(), " ms for ranks ", list_ranks(absent),
-                                        " to join; did every rank create the group?"),
-                         absent, "init");
+      throw TimeoutError(
+          detail::concat("group '", options_.name, "': rank ", rank_, " waited ", options_.timeout.count(),
+                         " ms for ranks ", list_ranks(absent), " to join; did every rank create the group?"),
+          absent, "init");
     }
     for (int r = 0; r < size_; ++r) {
       std::string other = store_->get(keys[size_t(r)]);
@@ -114,8 +114,7 @@ int Communicator::host_count() const {
 
 void Communicator::run(Call& call, Timeout timeout) {
   validate_arguments(call, rank_, size_, options_.name);
-  if (point_to_point(call))
-    return order_->in_turn(call, order_->take_ticket(call), [&] { execute(call, timeout); });
+  if (point_to_point(call)) return order_->in_turn(call, order_->take_ticket(call), [&] { execute(call, timeout); });
   order_->drain();
   std::lock_guard<std::mutex> lock(call_mu_);
   if (hierarchy_ && hierarchy_->serves(call)) return hierarchy_->all_reduce(call, timeout);
@@ -213,7 +212,11 @@ void Communicator::all_to_all(const void* in, void* out, size_t count, DataType 
 
 void Communicator::all_to_all_v(const void* in, const std::vector<size_t>& send_counts, void* out,
                                 const std::vector<size_t>& recv_counts, DataType dtype, Timeout timeout) {
-  Call c{.kind = OpKind::AllToAllV, .dtype = dtype, .in = in, .out = out, .counts = counts_of(send_counts),
+  Call c{.kind = OpKind::AllToAllV,
+         .dtype = dtype,
+         .in = in,
+         .out = out,
+         .counts = counts_of(send_counts),
          .recv_counts = counts_of(recv_counts)};
   run(c, timeout);
 }
@@ -230,8 +233,7 @@ void Communicator::recv(void* buf, size_t count, DataType dtype, int src, int ta
 
 std::shared_ptr<Work> Communicator::send_async(const void* buf, size_t count, DataType dtype, int dst, int tag,
                                                Timeout timeout) {
-  return run_async({.kind = OpKind::Send, .dtype = dtype, .root = dst, .tag = tag, .count = count, .in = buf},
-                   timeout);
+  return run_async({.kind = OpKind::Send, .dtype = dtype, .root = dst, .tag = tag, .count = count, .in = buf}, timeout);
 }
 
 std::shared_ptr<Work> Communicator::recv_async(void* buf, size_t count, DataType dtype, int src, int tag,

@@ -65,9 +65,9 @@ void Hierarchy::step(const Call& c, const Communicator& sub, const std::vector<i
   } catch (const TimeoutError& e) {
     std::vector<int> missing;
     for (int m : e.missing_ranks()) missing.push_back(members[size_t(m)]);
-    group_.fail(std::make_exception_ptr(TimeoutError(
-        detail::concat(where, "rank ", list_ranks(missing), " did not take part (", e.what(), ")"), missing,
-        e.operation())));
+    group_.fail(std::make_exception_ptr(
+        TimeoutError(detail::concat(where, "rank ", list_ranks(missing), " did not take part (", e.what(), ")"),
+                     missing, e.operation())));
   } catch (const Error&) {
     group_.fail(std::current_exception());
   }

@@ -22,12 +22,14 @@ bool is_half(DataType dt) { return dt == DataType::Float16 || dt == DataType::BF
 std::vector<float> widen(DataType dt, const void* src, size_t n) {
   std::vector<float> v(n);
   const auto* s = static_cast<const uint16_t*>(src);
-  for (size_t i = 0; i < n; ++i) v[i] = dt == DataType::Float16 ? reduce::half_to_float(s[i]) : reduce::bf16_to_float(s[i]);
+  for (size_t i = 0; i < n; ++i)
+    v[i] = dt == DataType::Float16 ? reduce::half_to_float(s[i]) : reduce::bf16_to_float(s[i]);
   return v;
 }
 void narrow(DataType dt, const std::vector<float>& v, void* dst) {
   auto* d = static_cast<uint16_t*>(dst);
-  for (size_t i = 0; i < v.size(); ++i) d[i] = dt == DataType::Float16 ? reduce::float_to_half(v[i]) : reduce::float_to_bf16(v[i]);
+  for (size_t i = 0; i < v.size(); ++i)
+    d[i] = dt == DataType::Float16 ? reduce::float_to_half(v[i]) : reduce::float_to_bf16(v[i]);
 }
 
 class EngineBackend : public Backend {
@@ -136,13 +138,18 @@ class EngineBackend : public Backend {
     }
     const Reduction r = reduction_for(dt, c.op);
     const Millis left = left_until(c.deadline);
-    if (c.kind == OpKind::AllReduce) engine_->all_reduce(in, out, out_n, r, left);
-    else if (c.kind == OpKind::Reduce) engine_->reduce(in, out, out_n, r, c.root, left);
-    else engine_->reduce_scatter(in, out, out_n, r, left);
+    if (c.kind == OpKind::AllReduce)
+      engine_->all_reduce(in, out, out_n, r, left);
+    else if (c.kind == OpKind::Reduce)
+      engine_->reduce(in, out, out_n, r, c.root, left);
+    else
+      engine_->reduce_scatter(in, out, out_n, r, left);
     if (!gets) return;
     if (c.op == ReduceOp::Mean) divide(dt, out, out_n);
-    if (is_half(c.dtype)) narrow(c.dtype, wide_out, c.out);
-    else if (out != c.out) std::memcpy(c.out, out, out_n * element_size(dt));
+    if (is_half(c.dtype))
+      narrow(c.dtype, wide_out, c.out);
+    else if (out != c.out)
+      std::memcpy(c.out, out, out_n * element_size(dt));
   }
 
   void dispatch(const Call& c) {
@@ -232,10 +239,10 @@ class EngineBackend : public Backend {
       engine_->send(&mine, sizeof mine, c.root, false, left_until(c.deadline));
       engine_->recv(&verdict, 1, c.root, true, left_until(c.deadline));
       if (!verdict)
-        throw CollectiveMismatch(detail::concat("send(", to_string(c.dtype), " x ", c.count, ", tag ", c.tag,
-                                                ") to rank ", c.root, " on group '", group_,
-                                                "': the receiver expected a different message"),
-                                 {});
+        throw CollectiveMismatch(
+            detail::concat("send(", to_string(c.dtype), " x ", c.count, ", tag ", c.tag, ") to rank ", c.root,
+                           " on group '", group_, "': the receiver expected a different message"),
+            {});
       if (bytes) engine_->send(c.in, bytes, c.root, false, left_until(c.deadline));
       return;
     }

@@ -314,7 +314,8 @@ class GlooEngine : public Engine {
     ::gloo::ScatterOptions o(context_);
     if (rank_ == root) {
       std::vector<uint8_t*> blocks;
-      for (int p = 0; p < size_; ++p) blocks.push_back(static_cast<uint8_t*>(const_cast<void*>(in)) + size_t(p) * bytes);
+      for (int p = 0; p < size_; ++p)
+        blocks.push_back(static_cast<uint8_t*>(const_cast<void*>(in)) + size_t(p) * bytes);
       o.setInputs(blocks, bytes);
     }
     o.setOutput(static_cast<uint8_t*>(out), bytes);
@@ -327,7 +328,8 @@ class GlooEngine : public Engine {
   void all_to_all_v(const void* in, const std::vector<size_t>& send_bytes, void* out,
                     const std::vector<size_t>& recv_bytes, Millis left) override {
     ::gloo::AlltoallvOptions o(context_);
-    o.setInput(static_cast<uint8_t*>(const_cast<void*>(in)), std::vector<int64_t>(send_bytes.begin(), send_bytes.end()));
+    o.setInput(static_cast<uint8_t*>(const_cast<void*>(in)),
+               std::vector<int64_t>(send_bytes.begin(), send_bytes.end()));
     o.setOutput(static_cast<uint8_t*>(out), std::vector<int64_t>(recv_bytes.begin(), recv_bytes.end()));
     o.setTag(next_tag());
     o.setTimeout(left);

@@ -60,9 +60,9 @@ void ensure_mpi() {
     MPI_Query_thread(&provided);
   }
   if (provided < MPI_THREAD_MULTIPLE)
-    throw Error(detail::concat("backend 'mpi' needs MPI_THREAD_MULTIPLE, but MPI provides thread level ", provided,
-                               initialized ? " (the program initialized MPI: use MPI_Init_thread with MPI_THREAD_MULTIPLE)"
-                                           : ""));
+    throw Error(detail::concat(
+        "backend 'mpi' needs MPI_THREAD_MULTIPLE, but MPI provides thread level ", provided,
+        initialized ? " (the program initialized MPI: use MPI_Init_thread with MPI_THREAD_MULTIPLE)" : ""));
 }
 
 // One MPI user function per (dtype, op), each calling chorus's kernels, so that every backend
@@ -157,7 +157,8 @@ class MpiEngine : public Engine {
     if (size > world_size)
       throw InvalidArgument(detail::concat("group '", group, "': backend 'mpi' needs its ", size,
                                            " ranks started by one mpirun, but this process's MPI world has ",
-                                           world_size, world_size == 1 ? " rank (was it started by mpirun?)" : " ranks"));
+                                           world_size,
+                                           world_size == 1 ? " rank (was it started by mpirun?)" : " ranks"));
     // Which MPI rank each member is: the members make their own communicator.
     store.set(detail::concat("mpi/", rank), std::to_string(world_rank));
     std::vector<std::string> keys;
@@ -226,9 +227,8 @@ class MpiEngine : public Engine {
     const auto deadline = Clock::now() + left;
     for (size_t at = 0; at < bytes; at += kMaxCount) {
       const int n = int(std::min(kMaxCount, bytes - at));
-      finish("broadcast", deadline, [&](MPI_Request* q) {
-        return MPI_Ibcast(static_cast<uint8_t*>(buf) + at, n, MPI_BYTE, root, comm_, q);
-      });
+      finish("broadcast", deadline,
+             [&](MPI_Request* q) { return MPI_Ibcast(static_cast<uint8_t*>(buf) + at, n, MPI_BYTE, root, comm_, q); });
     }
   }
 
@@ -243,7 +243,8 @@ class MpiEngine : public Engine {
     const ByteBlocks b(bytes);
     const auto [counts, displs] = b.layout(bytes);
     finish("all_gather_v", Clock::now() + left, [&](MPI_Request* q) {
-      return MPI_Iallgatherv(in, counts[size_t(rank_)], b.type(), out, counts.data(), displs.data(), b.type(), comm_, q);
+      return MPI_Iallgatherv(in, counts[size_t(rank_)], b.type(), out, counts.data(), displs.data(), b.type(), comm_,
+                             q);
     });
   }
 
@@ -251,8 +252,8 @@ class MpiEngine : public Engine {
     const ByteBlocks b(bytes);
     const auto [counts, displs] = b.layout(bytes);
     finish("gather", Clock::now() + left, [&](MPI_Request* q) {
-      return MPI_Igatherv(in, counts[size_t(rank_)], b.type(), out, counts.data(), displs.data(), b.type(), root,
-                          comm_, q);
+      return MPI_Igatherv(in, counts[size_t(rank_)], b.type(), out, counts.data(), displs.data(), b.type(), root, comm_,
+                          q);
     });
   }
 
@@ -279,9 +280,10 @@ class MpiEngine : public Engine {
     const auto* p = static_cast<const uint8_t*>(buf);
     for (size_t at = 0; at == 0 || at < bytes; at += kMaxCount) {  // MPI keeps a pair's messages in order
       const int n = int(std::min(kMaxCount, bytes - at));
-      finish("send", deadline, [&](MPI_Request* q) {
-        return MPI_Isend(p + at, n, MPI_BYTE, dst, ack ? kAckTag : kDataTag, comm_, q);
-      }, Kind::Send);
+      finish(
+          "send", deadline,
+          [&](MPI_Request* q) { return MPI_Isend(p + at, n, MPI_BYTE, dst, ack ? kAckTag : kDataTag, comm_, q); },
+          Kind::Send);
     }
   }
 
@@ -290,9 +292,10 @@ class MpiEngine : public Engine {
     auto* p = static_cast<uint8_t*>(buf);
     for (size_t at = 0; at == 0 || at < bytes; at += kMaxCount) {
       const int n = int(std::min(kMaxCount, bytes - at));
-      finish("recv", deadline, [&](MPI_Request* q) {
-        return MPI_Irecv(p + at, n, MPI_BYTE, src, ack ? kAckTag : kDataTag, comm_, q);
-      }, Kind::Recv);
+      finish(
+          "recv", deadline,
+          [&](MPI_Request* q) { return MPI_Irecv(p + at, n, MPI_BYTE, src, ack ? kAckTag : kDataTag, comm_, q); },
+          Kind::Recv);
     }
   }
 
@@ -323,7 +326,8 @@ class MpiEngine : public Engine {
     if (interrupted_.load(std::memory_order_acquire))
       throw EngineFailure(detail::concat("mpi ", what, ": the group is being aborted"));
     MPI_Request request = MPI_REQUEST_NULL;
-    if (int rc = start(&request); rc != MPI_SUCCESS) throw EngineFailure(detail::concat("mpi ", what, ": ", mpi_error(rc)));
+    if (int rc = start(&request); rc != MPI_SUCCESS)
+      throw EngineFailure(detail::concat("mpi ", what, ": ", mpi_error(rc)));
     for (uint64_t polls = 0;; ++polls) {
       int done = 0;
       if (int rc = MPI_Test(&request, &done, MPI_STATUS_IGNORE); rc != MPI_SUCCESS)
@@ -332,7 +336,8 @@ class MpiEngine : public Engine {
       const bool aborted = interrupted_.load(std::memory_order_acquire);
       if (aborted || ((polls & 63) == 0 && Clock::now() >= deadline)) {
         give_up(request, kind);
-        throw EngineFailure(detail::concat("mpi ", what, aborted ? ": the group is being aborted" : ": deadline passed"));
+        throw EngineFailure(
+            detail::concat("mpi ", what, aborted ? ": the group is being aborted" : ": deadline passed"));
       }
       if (polls > 20000)
         std::this_thread::sleep_for(std::chrono::microseconds(50));

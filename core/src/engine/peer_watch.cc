@@ -158,8 +158,7 @@ void PeerWatch::diagnose(const Call& c, const std::string& engine_text) {
                       -1);
   throw PeerFailure(detail::concat(what, " on group '", group_, "': ", dead.size() == 1 ? "rank " : "ranks ",
                                    list_ranks(dead), " stopped responding (no heartbeat for ",
-                                   kBeatsToDeath * kBeat.count(), " ms; ", engine_.name(), " said: ", engine_text,
-                                   ")"),
+                                   kBeatsToDeath * kBeat.count(), " ms; ", engine_.name(), " said: ", engine_text, ")"),
                     dead.front());
 }
 
@@ -206,11 +205,11 @@ void PeerWatch::timed_out(const Call& c, const std::string& what) {
   check_peers(what);
   const std::string list = list_ranks(missing);
   const auto waited = std::chrono::duration_cast<Millis>(c.deadline - c.start).count();
-  throw TimeoutError(detail::concat(what, " on group '", group_, "': rank ", rank_, " waited ", waited, " ms for ",
-                                    missing.empty() ? std::string("the others")
-                                                    : (missing.size() == 1 ? "rank " : "ranks ") + list,
-                                    " to take part"),
-                     missing, describe(c));
+  throw TimeoutError(
+      detail::concat(what, " on group '", group_, "': rank ", rank_, " waited ", waited, " ms for ",
+                     missing.empty() ? std::string("the others") : (missing.size() == 1 ? "rank " : "ranks ") + list,
+                     " to take part"),
+      missing, describe(c));
 }
 
 }  // namespace chorus::engine

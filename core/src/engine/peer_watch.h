@@ -88,9 +88,9 @@ class PeerWatch {
   Engine& engine_;
   const int rank_, size_;
   const std::string group_;
-  uint64_t calls_ = 0;                 // collectives begun
-  std::atomic<uint64_t> in_call_{0};   // the collective in progress (its number), or 0
-  uint64_t announced_ = 0;             // the last collective watch() said this rank was in
+  uint64_t calls_ = 0;                // collectives begun
+  std::atomic<uint64_t> in_call_{0};  // the collective in progress (its number), or 0
+  uint64_t announced_ = 0;            // the last collective watch() said this rank was in
 
   std::mutex mu_;
   std::condition_variable cv_;

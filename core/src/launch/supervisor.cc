@@ -142,8 +142,10 @@ struct Supervisor::State {
     close_fd(w.pidfd);
     w.exit.rank = w.rank;
     w.exit.pid = w.pid;
-    if (WIFSIGNALED(status)) w.exit.signal = WTERMSIG(status);
-    else w.exit.exit_code = WEXITSTATUS(status);
+    if (WIFSIGNALED(status))
+      w.exit.signal = WTERMSIG(status);
+    else
+      w.exit.exit_code = WEXITSTATUS(status);
     return true;
   }
 
@@ -253,7 +255,8 @@ void Supervisor::start(const std::vector<WorkerSpec>& specs) {
     s_->workers.push_back(std::move(w));
     if (n > 0) {
       stop();
-      throw Error(concat(o.name, ": cannot start rank ", spec.rank, ": '", spec.argv[0], "': ", std::strerror(exec_errno)));
+      throw Error(
+          concat(o.name, ": cannot start rank ", spec.rank, ": '", spec.argv[0], "': ", std::strerror(exec_errno)));
     }
   }
 }

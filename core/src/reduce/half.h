@@ -30,10 +30,10 @@ inline uint16_t float_to_half(float f) {
   uint16_t sign = uint16_t((x >> 16) & 0x8000u);
   uint32_t ax = x & 0x7fffffffu;
   if (ax > 0x7f800000u) return uint16_t(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));  // NaN, quieted
-  if (ax >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // >= 65520 rounds to infinity
-  if (ax < 0x38800000u) {                                  // below 2^-14: subnormal or zero
-    float scaled = std::bit_cast<float>(ax) * 0x1p24f;       // exact
-    return uint16_t(sign | uint32_t(std::nearbyint(scaled)));  // 0x400 is the smallest normal
+  if (ax >= 0x477ff000u) return uint16_t(sign | 0x7c00u);                         // >= 65520 rounds to infinity
+  if (ax < 0x38800000u) {                                                         // below 2^-14: subnormal or zero
+    float scaled = std::bit_cast<float>(ax) * 0x1p24f;                            // exact
+    return uint16_t(sign | uint32_t(std::nearbyint(scaled)));                     // 0x400 is the smallest normal
   }
   uint32_t rounded = ax + 0xfffu + ((ax >> 13) & 1u);
   return uint16_t(sign | ((rounded - 0x38000000u) >> 13));

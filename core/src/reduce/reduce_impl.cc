@@ -21,8 +21,7 @@ namespace {
 constexpr size_t kBlock = 1024;
 
 // Writes a finished block (n bytes at src, in L1) to dst and to `to`, in one pass.
-void write_both(uint8_t* __restrict dst, uint8_t* __restrict to, const uint8_t* __restrict src, size_t n,
-                bool stream) {
+void write_both(uint8_t* __restrict dst, uint8_t* __restrict to, const uint8_t* __restrict src, size_t n, bool stream) {
   size_t i = 0;
 #if defined(__SSE2__)
   if (stream) {
@@ -73,15 +72,19 @@ using Wide = std::conditional_t<(sizeof(T) < 4), uint32_t, std::make_unsigned_t<
 template <class T>
 struct Sum {
   static T apply(T a, T b) {
-    if constexpr (std::is_integral_v<T>) return T(Wide<T>(a) + Wide<T>(b));
-    else return a + b;
+    if constexpr (std::is_integral_v<T>)
+      return T(Wide<T>(a) + Wide<T>(b));
+    else
+      return a + b;
   }
 };
 template <class T>
 struct Prod {
   static T apply(T a, T b) {
-    if constexpr (std::is_integral_v<T>) return T(Wide<T>(a) * Wide<T>(b));
-    else return a * b;
+    if constexpr (std::is_integral_v<T>)
+      return T(Wide<T>(a) * Wide<T>(b));
+    else
+      return a * b;
   }
 };
 // NaN-propagating, like torch: a NaN on either side wins.
@@ -189,8 +192,10 @@ void fold_half(const void* const* srcs, int n, void* dst_v, size_t count, bool m
       for (size_t i = 0; i < m; ++i) acc[i] /= div;
     }
     uint16_t* out = copy.to ? stage : dst + base;
-    if constexpr (kBf16) store_bf16(out, acc, m);
-    else store_f16(out, acc, m);
+    if constexpr (kBf16)
+      store_bf16(out, acc, m);
+    else
+      store_f16(out, acc, m);
     if (copy.to)
       write_both(reinterpret_cast<uint8_t*>(dst + base), static_cast<uint8_t*>(copy.to) + base * 2,
                  reinterpret_cast<const uint8_t*>(stage), m * 2, copy.stream);
@@ -246,8 +251,7 @@ void dispatch_bool(ReduceOp op, const void* const* srcs, int n, void* dst, size_
 
 }  // namespace
 
-void CHORUS_REDUCE_FN(DataType dtype, ReduceOp op, const void* const* srcs, int n, void* dst, size_t count,
-                      Copy copy) {
+void CHORUS_REDUCE_FN(DataType dtype, ReduceOp op, const void* const* srcs, int n, void* dst, size_t count, Copy copy) {
   switch (dtype) {
     case DataType::Float32: return dispatch_plain<float>(op, srcs, n, dst, count, copy);
     case DataType::Float64: return dispatch_plain<double>(op, srcs, n, dst, count, copy);

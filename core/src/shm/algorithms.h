@@ -13,12 +13,12 @@
 
 namespace chorus::shm {
 
-void all_reduce(ShmGroup& g, const Call& c);      // AllReduce and Reduce
+void all_reduce(ShmGroup& g, const Call& c);  // AllReduce and Reduce
 void broadcast(ShmGroup& g, const Call& c);
-void gather(ShmGroup& g, const Call& c);          // AllGather(V) and Gather(V)
+void gather(ShmGroup& g, const Call& c);  // AllGather(V) and Gather(V)
 void scatter(ShmGroup& g, const Call& c);
 void reduce_scatter(ShmGroup& g, const Call& c);
-void all_to_all(ShmGroup& g, const Call& c);      // AllToAll and AllToAllV
+void all_to_all(ShmGroup& g, const Call& c);  // AllToAll and AllToAllV
 void send(ShmGroup& g, const Call& c);
 void recv(ShmGroup& g, const Call& c);
 

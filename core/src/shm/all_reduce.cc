@@ -18,8 +18,8 @@
 // written once (through a piece that stays in cache).
 
 #include "reduce/reduce_kernels.h"
-#include "shm/copy.h"
 #include "shm/algorithms.h"
+#include "shm/copy.h"
 
 namespace chorus::shm {
 

@@ -15,7 +15,9 @@ struct Ring {
   ChannelEnd* receiver;
   uint8_t* chunks;
   size_t chunk;
-  ChunkHeader* header(uint32_t i) { return reinterpret_cast<ChunkHeader*>(chunks + (i & 1) * (sizeof(ChunkHeader) + chunk)); }
+  ChunkHeader* header(uint32_t i) {
+    return reinterpret_cast<ChunkHeader*>(chunks + (i & 1) * (sizeof(ChunkHeader) + chunk));
+  }
   uint8_t* data(uint32_t i) { return reinterpret_cast<uint8_t*>(header(i) + 1); }
 };
 
@@ -46,7 +48,8 @@ void send(ShmGroup& g, const Call& c) {
     };
     g.wait_for_peer(has_room, r.receiver->counter, r.receiver->waiters, dst, c, what);
     if (r.receiver->error.load() != 0)
-      throw CollectiveMismatch(detail::concat(what(), " on group '", g.name(), "': rank ", dst, " expected a different message (see its error)"),
+      throw CollectiveMismatch(detail::concat(what(), " on group '", g.name(), "': rank ", dst,
+                                              " expected a different message (see its error)"),
                                {});
     ChunkHeader* h = r.header(i);
     h->bytes = bytes;
@@ -75,9 +78,10 @@ void recv(ShmGroup& g, const Call& c) {
       r.receiver->error.store(1);
       futex_wake_all(&r.receiver->counter);
       std::string sent = describe(OpKind::Send, DataType(h->dtype), ReduceOp::Sum, g.rank(), h->count);
-      throw CollectiveMismatch(detail::concat(what(), " on group '", g.name(), "': rank ", src, " sent a different message: ", sent, " with tag ",
-                                              h->tag, " (messages between two ranks match in order)"),
-                               {sent, describe(c)});
+      throw CollectiveMismatch(
+          detail::concat(what(), " on group '", g.name(), "': rank ", src, " sent a different message: ", sent,
+                         " with tag ", h->tag, " (messages between two ranks match in order)"),
+          {sent, describe(c)});
     }
     copy_bytes(buf + k * r.chunk, r.data(i), in_round(bytes, r.chunk, k));
     post(r.receiver->counter, r.receiver->waiters, i + 1);

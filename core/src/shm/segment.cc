@@ -52,7 +52,8 @@ Layout::Layout(int w, size_t slot) : world(w) {
   slot_bytes = round_up(std::max<size_t>(slot, kLine * size_t(w)), kLine);
   // Rings are per ordered pair, so keep their total bounded for large groups.
   size_t pairs = size_t(w) * size_t(w);
-  p2p_chunk = round_up(std::clamp<size_t>(std::min<size_t>(slot_bytes, (32u << 20) / (2 * pairs)), 4096, 1u << 20), kLine);
+  p2p_chunk =
+      round_up(std::clamp<size_t>(std::min<size_t>(slot_bytes, (32u << 20) / (2 * pairs)), 4096, 1u << 20), kLine);
   ctrl_stride = round_up(sizeof(RankControl) + 2 * 2 * size_t(w) * sizeof(uint64_t), kLine);
   ctrl_offset = round_up(sizeof(Header), kLine);
   slots_offset = round_up(ctrl_offset + ctrl_stride * size_t(w), 4096);
@@ -106,12 +107,11 @@ void Segment::join(Store& store, int rank, int world, Clock::time_point deadline
     store.set("shm_name", name);
   } else {
     // The group runs on rank 0's slot size, whatever this rank's settings say.
-    if (header().magic == kMagic && header().world == uint32_t(world))
-      layout_ = Layout(world, header().slot_bytes);
+    if (header().magic == kMagic && header().world == uint32_t(world)) layout_ = Layout(world, header().slot_bytes);
     if (header().magic != kMagic || header().world != uint32_t(world) || layout_.total != mapped_) {
-      const std::string why = detail::concat("group '", group_name, "': rank 0 made the group for ", header().world,
-                                             " ranks but rank ", rank, " was told ", world,
-                                             ": every rank must pass the same world size");
+      const std::string why =
+          detail::concat("group '", group_name, "': rank 0 made the group for ", header().world, " ranks but rank ",
+                         rank, " was told ", world, ": every rank must pass the same world size");
       store.set("shm_error", why);  // so the ranks already waiting fail now, not at the deadline
       shm_unlink(name.c_str());
       throw InvalidArgument(why);
@@ -140,9 +140,9 @@ void Segment::join(Store& store, int rank, int world, Clock::time_point deadline
           missing.push_back(r);
           list += (list.empty() ? "" : ", ") + std::to_string(r);
         }
-      throw TimeoutError(detail::concat("group '", group_name, "': ranks ", list,
-                                        " never joined the shared-memory rendezvous"),
-                         missing, "init");
+      throw TimeoutError(
+          detail::concat("group '", group_name, "': ranks ", list, " never joined the shared-memory rendezvous"),
+          missing, "init");
     }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }

@@ -41,7 +41,6 @@ std::string unique_shm_name();
 // message's question whether /dev/shm is large enough.
 int create_shm_object(const std::string& who, const std::string& name, size_t bytes, const std::string& hint = "");
 
-
 // Note [One line per call]: everything a peer needs to finish a small call sits in one cache
 // line: the descriptor, the inline payload, and the last phase the rank posted during this call.
 // Peers spin on that phase, so a tiny all_reduce or a barrier costs one line transfer per peer.
@@ -60,10 +59,10 @@ struct alignas(kLine) RankControl {
   std::atomic<uint32_t> seq;      // last phase this rank posted; peers futex-wait on it
   std::atomic<uint32_t> waiters;  // peers sleeping on seq; the poster wakes them when non-zero
   std::atomic<int32_t> pid;
-  std::atomic<uint32_t> state;    // RankState
+  std::atomic<uint32_t> state;  // RankState
   std::atomic<uint32_t> abort_kind;
-  std::atomic<int32_t> abort_rank;  // the failed or missing rank the abort names
-  CallLine calls[2];                // by call parity
+  std::atomic<int32_t> abort_rank;   // the failed or missing rank the abort names
+  CallLine calls[2];                 // by call parity
   char invalid_text[2][kTextBytes];  // by call parity: why this rank rejected its arguments
   char abort_text[kTextBytes];
   // Followed by uint64_t counts[2][2 * W] (by call parity); see Layout::counts.
@@ -81,7 +80,7 @@ struct alignas(kLine) Header {
 struct alignas(kLine) ChannelEnd {
   std::atomic<uint32_t> counter;  // chunks written (sender end) or consumed (receiver end)
   std::atomic<uint32_t> waiters;
-  std::atomic<uint32_t> error;    // receiver end: set when a message did not match the recv
+  std::atomic<uint32_t> error;  // receiver end: set when a message did not match the recv
 };
 
 // Each p2p chunk starts with this header in its own line.
@@ -115,7 +114,9 @@ class Segment {
 
   const Layout& layout() const { return layout_; }
   Header& header() { return *reinterpret_cast<Header*>(base_); }
-  RankControl& ctrl(int r) { return *reinterpret_cast<RankControl*>(base_ + layout_.ctrl_offset + r * layout_.ctrl_stride); }
+  RankControl& ctrl(int r) {
+    return *reinterpret_cast<RankControl*>(base_ + layout_.ctrl_offset + r * layout_.ctrl_stride);
+  }
   uint64_t* counts(int r, uint64_t call) {
     return reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(&ctrl(r)) + sizeof(RankControl)) +
            (call & 1) * 2 * size_t(layout_.world);

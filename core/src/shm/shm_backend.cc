@@ -41,9 +41,7 @@ class ShmBackend : public Backend {
 
   SymmetricMemory alloc_symmetric(const Call& c) override { return shm::alloc_symmetric(g_, c); }
 
-  void abort(const std::exception_ptr& cause) override {
-    g_.abort(abort_cause(cause));
-  }
+  void abort(const std::exception_ptr& cause) override { g_.abort(abort_cause(cause)); }
 
  private:
   ShmGroup g_;

@@ -7,7 +7,6 @@
 
 namespace chorus::shm {
 
-
 ShmGroup::ShmGroup(Store& store, int rank, int world, const BackendOptions& options)
     : rank_(rank),
       world_(world),
@@ -101,14 +100,15 @@ void ShmGroup::check_peers(const std::vector<int>& awaited, const std::string& w
   for (int p : awaited) {
     const uint32_t state = seg_.ctrl(p).state.load();
     if (state == kLeft)
-      throw PeerFailure(detail::concat("rank ", p, " left group '", name_, "' (its communicator was destroyed) while rank ",
-                                       rank_, " waited for it in ", what, " after ", elapsed.count(), " ms"),
-                        p);
+      throw PeerFailure(
+          detail::concat("rank ", p, " left group '", name_, "' (its communicator was destroyed) while rank ", rank_,
+                         " waited for it in ", what, " after ", elapsed.count(), " ms"),
+          p);
     if (!watch_.alive(p))
-      throw PeerFailure(detail::concat("rank ", p, " (pid ", seg_.ctrl(p).pid.load(), ") of group '", name_,
-                                       "' died while rank ", rank_, " waited for it in ", what, " after ",
-                                       elapsed.count(), " ms"),
-                        p);
+      throw PeerFailure(
+          detail::concat("rank ", p, " (pid ", seg_.ctrl(p).pid.load(), ") of group '", name_, "' died while rank ",
+                         rank_, " waited for it in ", what, " after ", elapsed.count(), " ms"),
+          p);
   }
   if (Clock::now() < deadline) return;
   std::string where;
@@ -117,15 +117,17 @@ void ShmGroup::check_peers(const std::vector<int>& awaited, const std::string& w
     const CallDesc& a = c.calls[0].desc;
     const CallDesc& b = c.calls[1].desc;
     const CallDesc& last = a.call > b.call ? a : b;
-    if (last.call == 0) where += detail::concat("; rank ", p, " has made no call yet");
+    if (last.call == 0)
+      where += detail::concat("; rank ", p, " has made no call yet");
     else
-      where += detail::concat("; rank ", p, " is at call #", last.call, ": ",
-                              describe(OpKind(last.kind), DataType(last.dtype), ReduceOp(last.op), last.root, last.count));
+      where +=
+          detail::concat("; rank ", p, " is at call #", last.call, ": ",
+                         describe(OpKind(last.kind), DataType(last.dtype), ReduceOp(last.op), last.root, last.count));
   }
-  throw TimeoutError(detail::concat(what, " on group '", name_, "' timed out after ", elapsed.count(), " ms on rank ",
-                                    rank_, ": rank", awaited.size() > 1 ? "s " : " ", list_ranks(awaited),
-                                    " did not arrive", where),
-                     awaited, what);
+  throw TimeoutError(
+      detail::concat(what, " on group '", name_, "' timed out after ", elapsed.count(), " ms on rank ", rank_, ": rank",
+                     awaited.size() > 1 ? "s " : " ", list_ranks(awaited), " did not arrive", where),
+      awaited, what);
 }
 
 void ShmGroup::abort(const AbortCause& cause) {

@@ -82,17 +82,17 @@ class ShmGroup {
   // Throws if the deadline passed, a peer in `awaited` died or left, or any peer aborted.
   void check_peers(const std::vector<int>& awaited, const std::string& what, Clock::time_point started,
                    Clock::time_point deadline);
-  std::string call_name();   // "all_reduce(f32 x 8, sum) (call #12)", built only for messages
-  std::string current();     // the current call as its descriptor says
+  std::string call_name();  // "all_reduce(f32 x 8, sum) (call #12)", built only for messages
+  std::string current();    // the current call as its descriptor says
 
   int rank_, world_;
   std::string name_;
   Segment seg_;
   SpinPolicy policy_;
   PeerWatch watch_;
-  uint32_t phase_ = 0;  // last phase this rank posted
-  uint64_t call_ = 0;   // index of the current call
-  bool compared_ = true;  // the current call's descriptors were compared
+  uint32_t phase_ = 0;           // last phase this rank posted
+  uint64_t call_ = 0;            // index of the current call
+  bool compared_ = true;         // the current call's descriptors were compared
   std::vector<RankCall> calls_;  // compare()'s view of every rank's call, kept between calls
   uint32_t symmetric_made_ = 0;
   std::shared_ptr<SymmetricRegistry> symmetric_ = std::make_shared<SymmetricRegistry>();

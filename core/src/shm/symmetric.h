@@ -27,8 +27,8 @@ class ShmGroup;
 // One allocation as this rank sees it: every rank's buffer, mapped here.
 struct SymmetricRegion {
   uint32_t id = 0;
-  size_t bytes = 0;              // of each rank's buffer
-  std::vector<uint8_t*> bases;   // by rank
+  size_t bytes = 0;             // of each rank's buffer
+  std::vector<uint8_t*> bases;  // by rank
   SymmetricRegion() = default;
   SymmetricRegion(const SymmetricRegion&) = delete;
   SymmetricRegion& operator=(const SymmetricRegion&) = delete;

@@ -46,8 +46,8 @@ struct SpinPolicy {
 // sleepers count. check() runs about every millisecond once spinning is over; it throws to end
 // the wait (deadline passed, peer dead or aborted).
 template <class Ready, class Check>
-void wait_until(Ready&& ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& waiters,
-                const SpinPolicy& policy, Check&& check) {
+void wait_until(Ready&& ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& waiters, const SpinPolicy& policy,
+                Check&& check) {
   for (int i = 0; i < policy.spins; ++i) {
     if (ready()) return;
     if (i >= 64) cpu_relax();  // the first rounds react at once; then go easy on the sibling

@@ -89,8 +89,8 @@ int connect_to(const std::string& host, int port, std::chrono::milliseconds time
     backoff = std::min(backoff * 2, std::chrono::milliseconds(250));
   }
   auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
-  throw StoreError(detail::concat("could not connect to the TcpStore at ", host, ":", port, " within ",
-                                  waited.count(), " ms: ", last_error,
+  throw StoreError(detail::concat("could not connect to the TcpStore at ", host, ":", port, " within ", waited.count(),
+                                  " ms: ", last_error,
                                   " (is the server running, and are MASTER_ADDR/MASTER_PORT right?)"));
 }
 

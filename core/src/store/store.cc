@@ -24,7 +24,8 @@ int64_t KeyValueTable::add(const std::string& key, int64_t delta) {
   return current;
 }
 
-std::string KeyValueTable::compare_set(const std::string& key, const std::string& expected, const std::string& desired) {
+std::string KeyValueTable::compare_set(const std::string& key, const std::string& expected,
+                                       const std::string& desired) {
   auto it = map_.find(key);
   if (it == map_.end()) {
     if (!expected.empty()) return {};

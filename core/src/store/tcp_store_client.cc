@@ -92,8 +92,7 @@ std::string TcpStore::exchange(int fd, const std::string& frame, uint32_t id, co
       std::string rest = buf.substr(4 + 5, body - 5);
       buf.erase(0, whole);
       if (got != id) continue;  // a late answer to a request we gave up on
-      if (status == Status::Timeout)
-        throw StoreError(detail::concat(describe(), ": ", what, " timed out"));
+      if (status == Status::Timeout) throw StoreError(detail::concat(describe(), ": ", what, " timed out"));
       if (status == Status::Error) throw StoreError(wire::Reader(rest).str());
       return rest;
     }
@@ -128,8 +127,8 @@ std::string TcpStore::get(const std::string& key) {
 }
 
 int64_t TcpStore::add(const std::string& key, int64_t delta) {
-  std::string out = call([&](wire::Writer& w) { w.u8(uint8_t(Command::Add)).str(key).i64(delta); },
-                         "add('" + key + "')", timeout());
+  std::string out =
+      call([&](wire::Writer& w) { w.u8(uint8_t(Command::Add)).str(key).i64(delta); }, "add('" + key + "')", timeout());
   return wire::Reader(out).i64();
 }
 

@@ -92,9 +92,12 @@ struct TcpStoreServer::Loop {
         }
         int64_t timeout_ms = r.i64();
         expect_end(r);
-        Waiter w{fd, id, cmd, std::move(keys), Clock::now() + std::chrono::milliseconds(std::max<int64_t>(0, timeout_ms))};
-        if (table.contains_all(w.keys)) answer_waiter(w);
-        else waiters.push_back(std::move(w));
+        Waiter w{fd, id, cmd, std::move(keys),
+                 Clock::now() + std::chrono::milliseconds(std::max<int64_t>(0, timeout_ms))};
+        if (table.contains_all(w.keys))
+          answer_waiter(w);
+        else
+          waiters.push_back(std::move(w));
         return;
       }
       case Command::Add: {
@@ -203,8 +206,9 @@ struct TcpStoreServer::Loop {
 
   int poll_timeout_ms() const {
     if (waiters.empty()) return -1;
-    auto next = std::min_element(waiters.begin(), waiters.end(),
-                                 [](const Waiter& a, const Waiter& b) { return a.deadline < b.deadline; })->deadline;
+    auto next = std::min_element(waiters.begin(), waiters.end(), [](const Waiter& a, const Waiter& b) {
+                  return a.deadline < b.deadline;
+                })->deadline;
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(next - Clock::now()).count() + 1;
     return int(std::clamp<long long>(ms, 0, 60000));
   }

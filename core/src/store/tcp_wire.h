@@ -27,11 +27,21 @@ class MalformedFrame : public std::runtime_error {
 class Writer {
  public:
   Writer() { out_.resize(4); }
-  Writer& u8(uint8_t v) { out_.push_back(char(v)); return *this; }
+  Writer& u8(uint8_t v) {
+    out_.push_back(char(v));
+    return *this;
+  }
   Writer& u32(uint32_t v);
   Writer& i64(int64_t v);
-  Writer& str(std::string_view s) { u32(uint32_t(s.size())); out_.append(s); return *this; }
-  Writer& raw(std::string_view s) { out_.append(s); return *this; }
+  Writer& str(std::string_view s) {
+    u32(uint32_t(s.size()));
+    out_.append(s);
+    return *this;
+  }
+  Writer& raw(std::string_view s) {
+    out_.append(s);
+    return *this;
+  }
   // One encoded field on its own, for building payloads.
   static std::string field_str(std::string_view s) { return Writer().str(s).out_.substr(4); }
   static std::string field_i64(int64_t v) { return Writer().i64(v).out_.substr(4); }

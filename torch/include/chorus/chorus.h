@@ -1,14 +1,16 @@
 // chorus: the distributed side of training with LibTorch. One include for the whole public API
 // (see docs/api.md for the map from torch.distributed, Fabric, Accelerate, Axolotl and Lightning).
+// Headers are named after docs/api.md's sections: process_group.h, fabric.h, accelerate.h,
+// axolotl.h, lightning.h, ddp.h and comm_hooks.h.
 #pragma once
 
-#include "chorus/collections.h"
+#include "chorus/accelerate.h"
+#include "chorus/axolotl.h"
+#include "chorus/comm_hooks.h"
 #include "chorus/core/dtype.h"
 #include "chorus/core/error.h"
 #include "chorus/ddp.h"
 #include "chorus/fabric.h"
-#include "chorus/helpers.h"
 #include "chorus/ivalue_convert.h"
 #include "chorus/lightning.h"
-#include "chorus/operations.h"
 #include "chorus/process_group.h"

@@ -95,14 +95,14 @@ class Fabric {
   DistributedDataParallel& setup(std::shared_ptr<torch::nn::Module> module, torch::optim::Optimizer& optimizer,
                                  DDPOptions options = {});
   template <class Holder>  // torch::nn::Linear, torch::nn::Sequential, your TORCH_MODULE(...)
-    requires requires(Holder h) { h.ptr(); }
+  requires requires(Holder h) { h.ptr(); }
   DistributedDataParallel& setup(Holder& module, DDPOptions options = {}) {
     return setup(std::static_pointer_cast<torch::nn::Module>(module.ptr()), std::move(options));
   }
   // While the guard lives, backward passes of this set-up module accumulate gradients locally;
   // a no-op guard when not enabled. InvalidArgument for a module this Fabric did not set up.
-  NoBackwardSync no_backward_sync(DistributedDataParallel& module, bool enabled = true);
-  NoBackwardSync no_backward_sync(const torch::nn::Module& module, bool enabled = true);
+  NoSyncGuard no_backward_sync(DistributedDataParallel& module, bool enabled = true);
+  NoSyncGuard no_backward_sync(const torch::nn::Module& module, bool enabled = true);
 
  private:
   ProcessGroup& world() const;

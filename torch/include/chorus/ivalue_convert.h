@@ -137,7 +137,8 @@ struct IValueTraits<T, std::enable_if_t<detail::is_map<T>::value>> {
   static T from(const c10::IValue& v) {
     if (!v.isGenericDict()) detail::wrong_type(v, "a dict");
     T out;
-    for (const auto& item : v.toGenericDict()) out.emplace(IValueTraits<K>::from(item.key()), IValueTraits<V>::from(item.value()));
+    for (const auto& item : v.toGenericDict())
+      out.emplace(IValueTraits<K>::from(item.key()), IValueTraits<V>::from(item.value()));
     return out;
   }
 };
@@ -159,19 +160,22 @@ struct IValueTraits<T, std::enable_if_t<detail::is_tuple<T>::value>> {
   static c10::TypePtr type() {
     return [&]<size_t... I>(std::index_sequence<I...>) {
       return c10::TupleType::create({IValueTraits<std::tuple_element_t<I, T>>::type()...});
-    }(std::make_index_sequence<N>());
+    }
+    (std::make_index_sequence<N>());
   }
   static c10::IValue to(const T& v) {
     return [&]<size_t... I>(std::index_sequence<I...>) {
       return c10::ivalue::Tuple::create({IValueTraits<std::tuple_element_t<I, T>>::to(std::get<I>(v))...});
-    }(std::make_index_sequence<N>());
+    }
+    (std::make_index_sequence<N>());
   }
   static T from(const c10::IValue& v) {
     if (!v.isTuple() || v.toTupleRef().elements().size() != N) detail::wrong_type(v, "a tuple of the right length");
     const auto& e = v.toTupleRef().elements();
     return [&]<size_t... I>(std::index_sequence<I...>) {
       return T{IValueTraits<std::tuple_element_t<I, T>>::from(e[I])...};
-    }(std::make_index_sequence<N>());
+    }
+    (std::make_index_sequence<N>());
   }
 };
 

@@ -1,4 +1,6 @@
-// PyTorch Lightning's distributed utilities.
+// PyTorch Lightning's distributed utilities (docs/api.md, "Lightning-style utilities"), in
+// chorus::lightning, an inline namespace (chorus::sync_ddp and chorus::lightning::sync_ddp are
+// the same function).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -9,9 +11,11 @@
 #include <string_view>
 #include <vector>
 
+#include "chorus/ddp.h"
 #include "chorus/process_group.h"
 
 namespace chorus {
+inline namespace lightning {
 
 // Collective: stacked (W, ...) like ProcessGroup::all_gather, but differentiable (Lightning's
 // AllGatherGrad): in backward each rank receives the sum over ranks of the gradients that flowed
@@ -72,4 +76,14 @@ std::shared_ptr<ProcessGroup> init_dist_connection(const ClusterEnvironment& env
                                                    std::optional<int> global_rank = {},
                                                    std::optional<int> world_size = {});
 
+// Lightning's form: the hook takes its state explicitly; the wrapper is optional.
+template <class State>
+void register_ddp_comm_hook(DistributedDataParallel& model, std::shared_ptr<State> state,
+                            std::function<c10::intrusive_ptr<c10::ivalue::Future>(State&, GradBucket&)> hook,
+                            std::function<CommHook(CommHook)> wrapper = nullptr) {
+  CommHook bound = [state, hook = std::move(hook)](GradBucket& b) { return hook(*state, b); };
+  model.register_comm_hook(wrapper ? wrapper(std::move(bound)) : std::move(bound));
+}
+
+}  // namespace lightning
 }  // namespace chorus

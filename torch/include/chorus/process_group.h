@@ -24,7 +24,7 @@
 namespace chorus {
 
 struct InitOptions {
-  std::string backend = "auto";                                  // "auto" or "shm"
+  std::string backend = "auto";                                  // "auto", "shm", "gloo" or "mpi"
   std::chrono::milliseconds timeout = std::chrono::minutes(30);  // default deadline of every call
 };
 
@@ -80,8 +80,10 @@ class ProcessGroup {
   void recv(at::Tensor& t, int src, int tag = 0);
   void barrier(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
 
-  // Asynchronous forms: return at once (all_gather_v and scatter first agree on shapes, which
-  // blocks briefly); TensorWork::result() gives the new tensors. In-place targets must not be
+  // Asynchronous forms: the same collective, queued behind the earlier asynchronous ones on the
+  // group's executor (Note [One body per collective] in process_group.cc). They return at once
+  // (all_gather_v and scatter first agree on shapes, which blocks briefly); a bad tensor raises
+  // here, on every rank. TensorWork::result() gives the new tensors. In-place targets must not be
   // read or written until the work finished.
   std::shared_ptr<TensorWork> all_reduce_async(at::Tensor& t, ReduceOp op = ReduceOp::Sum);
   std::shared_ptr<TensorWork> broadcast_async(at::Tensor& t, int src = 0);

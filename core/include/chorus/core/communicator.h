@@ -49,8 +49,8 @@ struct CommunicatorOptions {
   // each host and gloo between them, Note [Hierarchy]), "shm", or "gloo".
   std::string backend = "auto";
   std::chrono::milliseconds timeout = std::chrono::minutes(30);  // default deadline of each call
-  std::string name = "world";    // appears in every message about this group
-  size_t shm_chunk_bytes = 0;    // 0: CHORUS_SHM_CHUNK_BYTES or its default
+  std::string name = "world";                                    // appears in every message about this group
+  size_t shm_chunk_bytes = 0;                                    // 0: CHORUS_SHM_CHUNK_BYTES or its default
 };
 
 using Timeout = std::optional<std::chrono::milliseconds>;
@@ -106,8 +106,7 @@ class Communicator {
   // out (size() * count) = every rank's in, in rank order.
   void all_gather(const void* in, void* out, size_t count, DataType dtype, Timeout timeout = {});
   // Uneven: rank p contributes counts[p] elements; out holds their concatenation.
-  void all_gather_v(const void* in, void* out, const std::vector<size_t>& counts, DataType dtype,
-                    Timeout timeout = {});
+  void all_gather_v(const void* in, void* out, const std::vector<size_t>& counts, DataType dtype, Timeout timeout = {});
   void gather(const void* in, void* out, size_t count, DataType dtype, int root, Timeout timeout = {});
   void gather_v(const void* in, void* out, const std::vector<size_t>& counts, DataType dtype, int root,
                 Timeout timeout = {});
@@ -147,8 +146,7 @@ class Communicator {
   // now, and moves on a thread of its own.
   std::shared_ptr<Work> send_async(const void* buf, size_t count, DataType dtype, int dst, int tag = 0,
                                    Timeout timeout = {});
-  std::shared_ptr<Work> recv_async(void* buf, size_t count, DataType dtype, int src, int tag = 0,
-                                   Timeout timeout = {});
+  std::shared_ptr<Work> recv_async(void* buf, size_t count, DataType dtype, int src, int tag = 0, Timeout timeout = {});
 
  private:
   friend class Hierarchy;  // runs its steps through execute() and fail()
@@ -157,7 +155,7 @@ class Communicator {
   // place in the order (communicator/ordering.h), then execute it.
   void run(Call& call, Timeout timeout);
   std::shared_ptr<Work> run_async(Call call, Timeout timeout);  // send_async / recv_async
-  void execute(Call& call, Timeout timeout);  // after ordering: the backend, and the aborted state
+  void execute(Call& call, Timeout timeout);                    // after ordering: the backend, and the aborted state
   template <class Body>
   void execute_with(Call& call, Timeout timeout, Body&& body);  // body instead of the backend's run()
   // Marks the communicator failed after an error that leaves the group unusable.
@@ -172,10 +170,10 @@ class Communicator {
   std::unique_ptr<CallOrder> order_;      // the executor of submit() and the point-to-point order
   std::mutex call_mu_;                    // one collective at a time reaches the backend
   std::mutex state_mu_;
-  std::exception_ptr failed_;             // set once aborted
-  std::atomic<bool> aborted_{false};      // failed_ is set: the fast path reads only this
+  std::exception_ptr failed_;         // set once aborted
+  std::atomic<bool> aborted_{false};  // failed_ is set: the fast path reads only this
   int splits_ = 0;
-  std::vector<std::string> hosts_;        // each rank's host identity
+  std::vector<std::string> hosts_;  // each rank's host identity
 };
 
 }  // namespace chorus

@@ -9,14 +9,13 @@
 namespace chorus {
 
 enum class DataType : uint8_t { Float32, Float64, Float16, BFloat16, Int8, UInt8, Int16, Int32, Int64, Bool };
-inline constexpr DataType kAllDataTypes[] = {DataType::Float32, DataType::Float64, DataType::Float16,
-                                             DataType::BFloat16, DataType::Int8,    DataType::UInt8,
-                                             DataType::Int16,   DataType::Int32,   DataType::Int64,
-                                             DataType::Bool};
+inline constexpr DataType kAllDataTypes[] = {
+    DataType::Float32, DataType::Float64, DataType::Float16, DataType::BFloat16, DataType::Int8,
+    DataType::UInt8,   DataType::Int16,   DataType::Int32,   DataType::Int64,    DataType::Bool};
 
 enum class ReduceOp : uint8_t { Sum, Mean, Product, Min, Max, BitwiseAnd, BitwiseOr, BitwiseXor };
-inline constexpr ReduceOp kAllReduceOps[] = {ReduceOp::Sum, ReduceOp::Mean,       ReduceOp::Product,
-                                             ReduceOp::Min, ReduceOp::Max,        ReduceOp::BitwiseAnd,
+inline constexpr ReduceOp kAllReduceOps[] = {ReduceOp::Sum,       ReduceOp::Mean,      ReduceOp::Product,
+                                             ReduceOp::Min,       ReduceOp::Max,       ReduceOp::BitwiseAnd,
                                              ReduceOp::BitwiseOr, ReduceOp::BitwiseXor};
 
 size_t element_size(DataType dtype);

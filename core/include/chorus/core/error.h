@@ -49,8 +49,7 @@ class PeerFailure : public Error {
 // calls()[r] describes what rank r called.
 class CollectiveMismatch : public Error {
  public:
-  CollectiveMismatch(const std::string& what, std::vector<std::string> calls)
-      : Error(what), calls_(std::move(calls)) {}
+  CollectiveMismatch(const std::string& what, std::vector<std::string> calls) : Error(what), calls_(std::move(calls)) {}
   const std::vector<std::string>& calls() const { return calls_; }
 
  private:
@@ -77,9 +76,10 @@ std::string concat(const Args&... args) {
 
 // Internal invariant: throws chorus::Error naming the condition, both sides' values when given,
 // and the source location. Not for user input (that is InvalidArgument with a full sentence).
-#define CHORUS_ENFORCE(cond, ...)                                                   \
-  do {                                                                              \
-    if (!(cond)) ::chorus::detail::enforce_failed(__FILE__, __LINE__, #cond,        \
-                                                  ::chorus::detail::concat("" __VA_OPT__(, ) __VA_ARGS__)); \
+#define CHORUS_ENFORCE(cond, ...)                                                                \
+  do {                                                                                           \
+    if (!(cond))                                                                                 \
+      ::chorus::detail::enforce_failed(__FILE__, __LINE__, #cond,                                \
+                                       ::chorus::detail::concat("" __VA_OPT__(, ) __VA_ARGS__)); \
   } while (0)
 #define CHORUS_ENFORCE_EQ(a, b) CHORUS_ENFORCE((a) == (b), #a " = ", (a), ", " #b " = ", (b))

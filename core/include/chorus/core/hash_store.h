@@ -12,14 +12,7 @@ namespace chorus {
 class HashStore : public Store {
  public:
   using Store::Store;
-  using Store::wait;
-  void set(const std::string& key, const std::string& value) override;
-  std::string get(const std::string& key) override;
-  int64_t add(const std::string& key, int64_t delta) override;
-  std::string compare_set(const std::string& key, const std::string& expected, const std::string& desired) override;
-  void wait(const std::vector<std::string>& keys, std::optional<std::chrono::milliseconds> timeout) override;
-  bool check(const std::vector<std::string>& keys) override;
-  bool delete_key(const std::string& key) override;
+  CHORUS_STORE_OPERATIONS;
   std::string describe() const override { return "HashStore"; }
 
  private:

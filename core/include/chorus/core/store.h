@@ -64,4 +64,16 @@ class KeyValueTable {
   std::unordered_map<std::string, std::string> map_;
 };
 
+// In the class body of a Store implementation: declares its overrides of the seven key-value
+// operations (and keeps the base's wait(keys) overload visible). describe() is declared apart.
+#define CHORUS_STORE_OPERATIONS                                                                                      \
+  using Store::wait;                                                                                                 \
+  void set(const std::string& key, const std::string& value) override;                                               \
+  std::string get(const std::string& key) override;                                                                  \
+  int64_t add(const std::string& key, int64_t delta) override;                                                       \
+  std::string compare_set(const std::string& key, const std::string& expected, const std::string& desired) override; \
+  void wait(const std::vector<std::string>& keys, std::optional<std::chrono::milliseconds> timeout) override;        \
+  bool check(const std::vector<std::string>& keys) override;                                                         \
+  bool delete_key(const std::string& key) override
+
 }  // namespace chorus

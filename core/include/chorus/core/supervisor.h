@@ -19,8 +19,8 @@
 namespace chorus {
 
 struct WorkerSpec {
-  int rank = 0;                    // how output and messages name the worker
-  std::vector<std::string> argv;   // argv[0]: a path, or a name looked up in PATH
+  int rank = 0;                                          // how output and messages name the worker
+  std::vector<std::string> argv;                         // argv[0]: a path, or a name looked up in PATH
   std::vector<std::pair<std::string, std::string>> env;  // set on top of this process's environment
 };
 
@@ -36,7 +36,7 @@ struct SupervisorOptions {
   bool prefix = true;          // "[rank N] " before each forwarded line
   std::string log_dir;         // non-empty: also append each rank's lines to <log_dir>/rank_N.log
   std::chrono::milliseconds grace = std::chrono::seconds(5);  // SIGTERM to SIGKILL when stopping
-  std::string name = "chorus";  // prefix of the supervisor's own messages
+  std::string name = "chorus";                                // prefix of the supervisor's own messages
 };
 
 struct WorkerExit {

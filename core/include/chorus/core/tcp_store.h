@@ -45,14 +45,7 @@ class TcpStore : public Store {
   static std::shared_ptr<TcpStore> serve(const std::string& host, int port,
                                          std::optional<std::chrono::milliseconds> timeout = std::nullopt);
 
-  using Store::wait;
-  void set(const std::string& key, const std::string& value) override;
-  std::string get(const std::string& key) override;
-  int64_t add(const std::string& key, int64_t delta) override;
-  std::string compare_set(const std::string& key, const std::string& expected, const std::string& desired) override;
-  void wait(const std::vector<std::string>& keys, std::optional<std::chrono::milliseconds> timeout) override;
-  bool check(const std::vector<std::string>& keys) override;
-  bool delete_key(const std::string& key) override;
+  CHORUS_STORE_OPERATIONS;
   std::string describe() const override;
 
   const std::string& host() const { return host_; }

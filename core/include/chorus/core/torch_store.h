@@ -19,16 +19,9 @@ class TorchStore : public Store {
   TorchStore(std::string host, int port, std::optional<std::chrono::milliseconds> timeout = std::nullopt);
   ~TorchStore() override;
 
-  using Store::wait;
-  void set(const std::string& key, const std::string& value) override;
-  std::string get(const std::string& key) override;
-  int64_t add(const std::string& key, int64_t delta) override;
-  // torch's semantics: an absent key with a non-empty `expected` is left absent and `expected`
-  // is returned.
-  std::string compare_set(const std::string& key, const std::string& expected, const std::string& desired) override;
-  void wait(const std::vector<std::string>& keys, std::optional<std::chrono::milliseconds> timeout) override;
-  bool check(const std::vector<std::string>& keys) override;
-  bool delete_key(const std::string& key) override;
+  // compare_set has torch's semantics: an absent key with a non-empty `expected` is left absent
+  // and `expected` is returned.
+  CHORUS_STORE_OPERATIONS;
   std::string describe() const override;
 
  private:

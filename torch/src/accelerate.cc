@@ -1,12 +1,12 @@
-// Accelerate-style operations on the default group.
-#include "chorus/operations.h"
+// Accelerate-style operations on the default group (the walkers are in collections/local.cc).
+#include "chorus/accelerate.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <mutex>
 
-#include "objects.h"
-#include "structured.h"
+#include "collections/collective.h"
+#include "objects/collective.h"
 #include "tensor_util.h"
 
 namespace chorus {
@@ -25,6 +25,8 @@ void check_single_source(int src, const char* what) {
 
 }  // namespace
 
+inline namespace accelerate {
+
 void broadcast(at::Tensor& t, int from_process) {
   if (auto g = maybe_default()) return g->broadcast_(t, from_process);
   check_single_source(from_process, "broadcast");
@@ -40,13 +42,16 @@ std::optional<at::Tensor> gather(const at::Tensor& t) {
 
 c10::IValue gather(const c10::IValue& data) {
   auto g = maybe_default();
-  if (!g) return recursively_apply([](const at::Tensor& t) -> c10::IValue { return t.dim() ? t : t.reshape({1}); }, data);
+  if (!g)
+    return recursively_apply([](const at::Tensor& t) -> c10::IValue { return t.dim() ? t : t.reshape({1}); }, data);
   return detail::gather_collection(*g, data, 0, "gather").value_or(c10::IValue());
 }
 
 at::Tensor reduce(at::Tensor& t, ReduceOp op) {
-  if (auto g = maybe_default()) g->all_reduce_(t, op);
-  else if (auto why = detail::tensor_problem(t, op); !why.empty()) throw InvalidArgument(concat("reduce: ", why));
+  if (auto g = maybe_default())
+    g->all_reduce_(t, op);
+  else if (auto why = detail::tensor_problem(t, op); !why.empty())
+    throw InvalidArgument(concat("reduce: ", why));
   return t;
 }
 
@@ -92,14 +97,18 @@ void broadcast_object_list(std::vector<c10::IValue>& objects, int from_process) 
 std::optional<std::vector<c10::IValue>> gather_object(const c10::IValue& obj) {
   auto g = maybe_default();
   if (!g) return std::vector<c10::IValue>{obj};
-  return detail::gather_values(*g, 0, [&] { return obj; }, "gather_object");
+  return detail::gather_values(
+      *g, 0, [&] { return obj; }, "gather_object");
 }
 
 std::vector<c10::IValue> all_gather_object(const c10::IValue& obj) {
   auto g = maybe_default();
   if (!g) return {obj};
-  return *detail::gather_values(*g, -1, [&] { return obj; }, "all_gather_object");
+  return *detail::gather_values(
+      *g, -1, [&] { return obj; }, "all_gather_object");
 }
+
+}  // namespace accelerate
 
 c10::IValue detail::broadcast_default(const c10::IValue& obj, int src, const char* what) {
   auto g = maybe_default();
@@ -107,8 +116,11 @@ c10::IValue detail::broadcast_default(const c10::IValue& obj, int src, const cha
     check_single_source(src, what);
     return obj;
   }
-  return broadcast_value(*g, src, [&] { return obj; }, what);
+  return broadcast_value(
+      *g, src, [&] { return obj; }, what);
 }
+
+inline namespace accelerate {
 
 void wait_for_everyone() {
   if (auto g = maybe_default()) g->barrier();
@@ -119,13 +131,17 @@ void synchronize_rng_states(const std::vector<std::string>& rng_types, std::opti
   for (const auto& type : rng_types) {
     std::string why;
     at::Generator gen;
-    if (type == "torch" || type == "cpu") gen = at::detail::getDefaultCPUGenerator();
-    else if (type == "generator" && generator) gen = *generator;
-    else if (type == "generator") why = "rng type 'generator' needs the generator argument";
+    if (type == "torch" || type == "cpu")
+      gen = at::detail::getDefaultCPUGenerator();
+    else if (type == "generator" && generator)
+      gen = *generator;
+    else if (type == "generator")
+      why = "rng type 'generator' needs the generator argument";
     else if (type == "cuda" || type == "xla" || type == "npu" || type == "mlu" || type == "xpu" || type == "hpu" ||
              type == "musa")
       why = concat("rng type '", type, "' needs a device this CPU build of chorus does not drive");
-    else why = concat("unknown rng type '", type, "' (use torch, cpu or generator)");
+    else
+      why = concat("unknown rng type '", type, "' (use torch, cpu or generator)");
     if (!why.empty()) {
       if (g) g->communicator().reject("synchronize_rng_states", why);
       throw InvalidArgument("synchronize_rng_states: " + why);
@@ -149,4 +165,5 @@ void set_seed(uint64_t seed, bool device_specific) {
   gen.set_current_seed(seed);
 }
 
+}  // namespace accelerate
 }  // namespace chorus

@@ -1,8 +1,8 @@
-#include "objects.h"
+#include "objects/collective.h"
 
 #include <cstring>
 
-#include "ivalue_codec.h"
+#include "objects/codec.h"
 
 namespace chorus::detail {
 
@@ -164,8 +164,10 @@ std::optional<std::vector<c10::IValue>> gather_values(ProcessGroup& g, int dst,
   size_t total = 0;
   for (int r = 0; r < w; ++r) total += counts[size_t(r)] = sizes[size_t(r)];
   std::vector<char> all(receive ? total : 0);
-  if (dst < 0) comm.all_gather_v(blob.data(), all.data(), counts, DataType::UInt8);
-  else comm.gather_v(blob.data(), receive ? all.data() : nullptr, counts, DataType::UInt8, dst);
+  if (dst < 0)
+    comm.all_gather_v(blob.data(), all.data(), counts, DataType::UInt8);
+  else
+    comm.gather_v(blob.data(), receive ? all.data() : nullptr, counts, DataType::UInt8, dst);
   if (!receive) return std::nullopt;
 
   std::vector<c10::IValue> out;

@@ -1,4 +1,4 @@
-#include "recv_buffers.h"
+#include "objects/recv_buffers.h"
 
 #include <sys/mman.h>
 
@@ -73,8 +73,7 @@ void release(void* ctx) {
 
 at::Tensor receive_buffer(at::IntArrayRef sizes, at::ScalarType type) {
   const size_t bytes = size_t(c10::multiply_integers(sizes)) * c10::elementSize(type);
-  if (bytes < kPooledFrom || settings().recv_cache_bytes == 0)
-    return at::empty(sizes, at::TensorOptions().dtype(type));
+  if (bytes < kPooledFrom || settings().recv_cache_bytes == 0) return at::empty(sizes, at::TensorOptions().dtype(type));
   const size_t rounded = (bytes + kGranule - 1) / kGranule * kGranule;
   auto* block = new Block{BlockCache::get().take(rounded), rounded};
   c10::DataPtr data(block->p, block, &release, c10::Device(c10::kCPU));

@@ -1,4 +1,4 @@
-#include "ivalue_codec.h"
+#include "objects/codec.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/function_schema.h>
@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include "chorus/core/error.h"
-#include "recv_buffers.h"
+#include "objects/recv_buffers.h"
 #include "tensor_util.h"
 
 namespace chorus::detail {
@@ -59,6 +59,13 @@ class Reader {
     const uint64_t v = varint();
     return int64_t(v >> 1) ^ -int64_t(v & 1);
   }
+  // A count of things that each take at least one more byte of the header: never more than
+  // what is left, so a corrupt count cannot make the reader allocate without bound.
+  uint64_t count() {
+    const uint64_t n = varint();
+    need(n);
+    return n;
+  }
   std::string_view text() {
     const uint64_t n = varint();
     need(n);
@@ -74,17 +81,28 @@ class Reader {
     at_ += sizeof(T);
     return v;
   }
+  // Bounds the nesting of types and values (a corrupt header could otherwise recurse until the
+  // stack overflows). One per level; the level ends with the Nest.
+  struct Nest {
+    Reader& r;
+    explicit Nest(Reader& reader) : r(reader) {
+      if (++r.depth_ > kMaxDepth) r.corrupt("nested deeper than 1000 levels");
+    }
+    ~Nest() { --r.depth_; }
+  };
   [[noreturn]] void corrupt(const char* what) const {
-    throw Error(concat("chorus: a received object header is corrupt (", what, " at byte ", at_, " of ", in_.size(),
-                       ")"));
+    throw Error(
+        concat("chorus: a received object header is corrupt (", what, " at byte ", at_, " of ", in_.size(), ")"));
   }
 
  private:
   void need(uint64_t n) const {
     if (n > in_.size() - at_) corrupt("truncated");
   }
+  static constexpr int kMaxDepth = 1000;
   std::string_view in_;
   size_t at_ = 0;
+  int depth_ = 0;
 };
 
 // ---- types --------------------------------------------------------------------------------
@@ -102,18 +120,14 @@ void write_type(Writer& w, const c10::TypePtr& type) {
     case K::TensorType: return w.byte('t');
     case K::DeviceObjType: return w.byte('D');
     case K::NumberType: return w.byte('n');
-    case K::ListType:
-      w.byte('l');
-      return write_type(w, type->expectRef<c10::ListType>().getElementType());
+    case K::ListType: w.byte('l'); return write_type(w, type->expectRef<c10::ListType>().getElementType());
     case K::DictType: {
       const auto& d = type->expectRef<c10::DictType>();
       w.byte('m');
       write_type(w, d.getKeyType());
       return write_type(w, d.getValueType());
     }
-    case K::OptionalType:
-      w.byte('o');
-      return write_type(w, type->expectRef<c10::OptionalType>().getElementType());
+    case K::OptionalType: w.byte('o'); return write_type(w, type->expectRef<c10::OptionalType>().getElementType());
     case K::TupleType: {
       const auto& t = type->expectRef<c10::TupleType>();
       w.byte('u');
@@ -127,13 +141,12 @@ void write_type(Writer& w, const c10::TypePtr& type) {
       }
       return;
     }
-    default:
-      w.byte('x');
-      return w.text(type->annotation_str());
+    default: w.byte('x'); return w.text(type->annotation_str());
   }
 }
 
 c10::TypePtr read_type(Reader& r) {
+  Reader::Nest level(r);
   switch (r.byte()) {
     case 'A': return c10::AnyType::get();
     case 'N': return c10::NoneType::get();
@@ -152,7 +165,7 @@ c10::TypePtr read_type(Reader& r) {
     }
     case 'o': return c10::OptionalType::create(read_type(r));
     case 'u': {
-      std::vector<c10::TypePtr> elems(r.varint());
+      std::vector<c10::TypePtr> elems(r.count());
       for (auto& e : elems) e = read_type(r);
       if (!r.byte()) return c10::TupleType::create(std::move(elems));
       std::string name(r.text());
@@ -243,6 +256,7 @@ void write_value(Writer& w, const c10::IValue& v, std::vector<at::Tensor>& tenso
 }
 
 c10::IValue read_value(Reader& r, const std::vector<at::Tensor>& tensors) {
+  Reader::Nest level(r);
   switch (r.byte()) {
     case 'N': return c10::IValue();
     case 'T': return c10::IValue(true);
@@ -259,7 +273,7 @@ c10::IValue read_value(Reader& r, const std::vector<at::Tensor>& tensors) {
     case 'l': {
       auto elem = read_type(r);
       c10::impl::GenericList list(elem);
-      const uint64_t n = r.varint();
+      const uint64_t n = r.count();
       list.reserve(n);
       for (uint64_t i = 0; i < n; ++i) list.push_back(read_value(r, tensors));
       return c10::IValue(list);
@@ -267,7 +281,7 @@ c10::IValue read_value(Reader& r, const std::vector<at::Tensor>& tensors) {
     case 'm': {
       auto key = read_type(r);
       c10::impl::GenericDict dict(key, read_type(r));
-      const uint64_t n = r.varint();
+      const uint64_t n = r.count();
       dict.reserve(n);
       for (uint64_t i = 0; i < n; ++i) {
         auto k = read_value(r, tensors);
@@ -277,7 +291,7 @@ c10::IValue read_value(Reader& r, const std::vector<at::Tensor>& tensors) {
     }
     case 'u': {
       auto type = read_type(r);
-      std::vector<c10::IValue> elems(r.varint());
+      std::vector<c10::IValue> elems(r.count());
       for (auto& e : elems) e = read_value(r, tensors);
       auto tuple_type = type->cast<c10::TupleType>();
       if (tuple_type && tuple_type->schema()) return c10::ivalue::Tuple::createNamed(std::move(elems), tuple_type);
@@ -312,7 +326,8 @@ Encoded encode_object(const c10::IValue& value) {
       throw InvalidArgument(concat("an object holds a tensor on ", t.device().str(),
                                    ": move it to the CPU first (chorus::send_to_device(obj, torch::kCPU))"));
     if (t.layout() != at::kStrided)
-      throw InvalidArgument(concat("an object holds a tensor with layout ", t.layout(), ": convert it with to_dense()"));
+      throw InvalidArgument(
+          concat("an object holds a tensor with layout ", t.layout(), ": convert it with to_dense()"));
     head.byte(char(t.scalar_type()));
     head.byte(t.requires_grad() ? 1 : 0);
     head.varint(size_t(t.dim()));
@@ -334,12 +349,15 @@ namespace {
 // Reads the tensor table; leaves the reader at the value.
 std::vector<at::Tensor> read_tensors(Reader& r, bool allocate) {
   if (r.byte() != kValue) r.corrupt("not a value");
-  std::vector<at::Tensor> out(r.varint());
+  std::vector<at::Tensor> out(r.count());
   for (auto& t : out) {
-    const auto type = at::ScalarType(r.byte());
+    const auto code = uint8_t(r.byte());
+    const auto type = at::ScalarType(code);
+    if (code >= uint8_t(at::ScalarType::NumOptions) || !core_type(type)) r.corrupt("unknown tensor dtype");
     const bool grad = r.byte() != 0;
-    std::vector<int64_t> sizes(r.varint());
-    for (auto& s : sizes) s = r.sint();
+    std::vector<int64_t> sizes(r.count());
+    for (auto& s : sizes)
+      if ((s = r.sint()) < 0) r.corrupt("negative tensor size");
     if (allocate) {
       t = receive_buffer(sizes, type);
       if (grad) t.set_requires_grad(true);
@@ -347,18 +365,35 @@ std::vector<at::Tensor> read_tensors(Reader& r, bool allocate) {
   }
   return out;
 }
+
+// fn(), with what torch's own code throws on bad bytes (device names, pickles, allocations)
+// reported as a corrupt header.
+template <class Fn>
+auto as_corrupt(Fn&& fn) {
+  try {
+    return fn();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(concat("chorus: a received object header is corrupt (", e.what(), ")"));
+  }
+}
 }  // namespace
 
 std::vector<at::Tensor> allocate_tensors(std::string_view header) {
-  Reader r(header);
-  return read_tensors(r, true);
+  return as_corrupt([&] {
+    Reader r(header);
+    return read_tensors(r, true);
+  });
 }
 
 c10::IValue decode_object(std::string_view header, const std::vector<at::Tensor>& tensors) {
-  Reader r(header);
-  auto table = read_tensors(r, false);
-  if (table.size() != tensors.size()) r.corrupt("tensor count");
-  return read_value(r, tensors);
+  return as_corrupt([&] {
+    Reader r(header);
+    auto table = read_tensors(r, false);
+    if (table.size() != tensors.size()) r.corrupt("tensor count");
+    return read_value(r, tensors);
+  });
 }
 
 }  // namespace chorus::detail

@@ -1,11 +1,13 @@
 // Axolotl-style helpers: the leader-runs patterns on the default group.
-#include "chorus/helpers.h"
+#include "chorus/axolotl.h"
 
-#include "objects.h"
+#include "objects/collective.h"
 
 namespace chorus {
 
 using detail::concat;
+
+inline namespace axolotl {
 
 bool is_distributed() { return is_initialized() && default_group()->size() > 1; }
 
@@ -23,6 +25,8 @@ void zero_first(bool is_main, const std::function<void()>& fn) {
 void zero_only(const std::function<void()>& fn) {
   if (is_main_process()) fn();
 }
+
+}  // namespace axolotl
 
 namespace detail {
 

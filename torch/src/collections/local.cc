@@ -1,124 +1,51 @@
-#include "chorus/collections.h"
+// The local operations on collections (no communication): Accelerate's walkers over tensors in
+// lists, tuples and dicts. Those that map leaves walk with collections/tree.h.
+#include "chorus/accelerate.h"
 
 #include <ATen/core/function_schema.h>
 
 #include <algorithm>
 
 #include "chorus/core/error.h"
-#include "walk.h"
+#include "collections/tree.h"
 
 namespace chorus {
 
 using detail::concat;
+using detail::tree::item_type;
 
 namespace {
 
-// A value's type for container typing: tensors as plain Tensor (not shape-specialized).
-c10::TypePtr value_type(const c10::IValue& v) { return v.isTensor() ? c10::TensorType::get() : v.type(); }
-
-}  // namespace
-
-c10::TypePtr detail::item_type(const c10::TypePtr& old, const std::vector<c10::IValue>& items) {
-  bool fits = true;
-  for (const auto& i : items) fits = fits && value_type(i)->isSubtypeOf(*old);
-  if (fits) return old;
-  c10::TypePtr common;
-  for (const auto& i : items) {
-    auto t = value_type(i);
-    if (!common) {
-      common = t;
-    } else if (auto u = c10::unifyTypes(common, t)) {
-      common = *u;
-    } else {
-      return c10::AnyType::get();
-    }
-  }
-  return common ? common : old;
-}
-
-namespace {
-using detail::item_type;
-
-std::string key_text(const c10::IValue& key) {
-  if (key.isString()) return concat("['", key.toStringRef(), "']");
-  if (key.isInt()) return concat("[", key.toInt(), "]");
-  return concat("[", key.type()->annotation_str(), "]");
-}
-
-// Rebuilds every container of data; fn(leaf, path) gives each new leaf.
-c10::IValue map_leaves(const c10::IValue& data, const std::function<c10::IValue(const c10::IValue&, const std::string&)>& fn,
-                       const std::string& path) {
-  if (is_tensor_information(data)) return fn(data, path);  // a named tuple, but a leaf here
-  if (data.isList()) {
-    auto list = data.toList();
-    std::vector<c10::IValue> items;
-    items.reserve(list.size());
-    for (size_t i = 0; i < list.size(); ++i) items.push_back(map_leaves(list.get(i), fn, concat(path, "[", i, "]")));
-    return honor_type(data, std::move(items));
-  }
-  if (data.isTuple()) {
-    const auto& elems = data.toTupleRef().elements();
-    std::vector<c10::IValue> items;
-    for (size_t i = 0; i < elems.size(); ++i) items.push_back(map_leaves(elems[i], fn, concat(path, "[", i, "]")));
-    return honor_type(data, std::move(items));
-  }
-  if (data.isGenericDict()) {
-    auto dict = data.toGenericDict();
-    std::vector<c10::IValue> values;
-    for (const auto& item : dict) values.push_back(map_leaves(item.value(), fn, path + key_text(item.key())));
-    c10::impl::GenericDict out(dict.keyType(), item_type(dict.valueType(), values));
-    size_t i = 0;
-    for (const auto& item : dict) out.insert(item.key(), std::move(values[i++]));
-    return out;
-  }
-  return fn(data, path.empty() ? "the data" : path);
-}
+// Leaves of the local walks: everything but containers, and TensorInformation (a named tuple).
+bool local_leaf(const c10::IValue& v) { return !detail::tree::is_container(v) || is_tensor_information(v); }
 
 c10::IValue map_tensors(const c10::IValue& data, const std::function<c10::IValue(const at::Tensor&)>& fn,
                         bool error_on_other_type, const char* what) {
-  return map_leaves(
-      data,
-      [&](const c10::IValue& leaf, const std::string& path) -> c10::IValue {
-        if (leaf.isTensor()) return fn(leaf.toTensor());
-        if (error_on_other_type)
-          throw InvalidArgument(concat(what, ": ", path, " is a ", leaf.type()->annotation_str(),
-                                       ", but only tensors (in lists, tuples and dicts) can go here"));
-        return leaf;
-      },
-      "");
+  return detail::tree::map_leaves(data, local_leaf, [&](const c10::IValue& leaf, size_t index) -> c10::IValue {
+    if (leaf.isTensor()) return fn(leaf.toTensor());
+    if (error_on_other_type)
+      throw InvalidArgument(concat(what, ": ", detail::tree::leaf_path(data, index, local_leaf), " is a ",
+                                   leaf.type()->annotation_str(),
+                                   ", but only tensors (in lists, tuples and dicts) can go here"));
+    return leaf;
+  });
 }
 
 c10::TupleTypePtr tensor_information_type() {
-  static const auto type = c10::TupleType::createNamed(
-      c10::QualifiedName("TensorInformation"), std::vector<std::string>{"shape", "dtype"},
-      std::vector<c10::TypePtr>{c10::ListType::ofInts(), c10::IntType::get()});
+  static const auto type =
+      c10::TupleType::createNamed(c10::QualifiedName("TensorInformation"), std::vector<std::string>{"shape", "dtype"},
+                                  std::vector<c10::TypePtr>{c10::ListType::ofInts(), c10::IntType::get()});
   return type;
 }
 
 }  // namespace
 
+inline namespace accelerate {
+
 c10::IValue honor_type(const c10::IValue& like, std::vector<c10::IValue> items) {
-  if (like.isList()) {
-    c10::impl::GenericList out(item_type(like.toList().elementType(), items));
-    out.reserve(items.size());
-    for (auto& i : items) out.push_back(std::move(i));
-    return out;
-  }
-  if (like.isTuple()) {
-    auto type = like.type()->cast<c10::TupleType>();
-    if (type && type->schema() && type->name()) {
-      std::vector<std::string> fields;
-      for (const auto& a : type->schema()->arguments()) fields.push_back(a.name());
-      if (fields.size() == items.size()) {
-        std::vector<c10::TypePtr> types;
-        for (const auto& i : items) types.push_back(value_type(i));
-        return c10::ivalue::Tuple::createNamed(std::move(items),
-                                                c10::TupleType::createNamed(*type->name(), fields, types));
-      }
-    }
-    return c10::ivalue::Tuple::create(std::move(items));
-  }
-  throw InvalidArgument(concat("honor_type: a ", like.type()->annotation_str(), " is not a list or a tuple"));
+  if (!like.isList() && !like.isTuple())
+    throw InvalidArgument(concat("honor_type: a ", like.type()->annotation_str(), " is not a list or a tuple"));
+  return detail::tree::rebuild(like, std::move(items), false);
 }
 
 c10::IValue recursively_apply(const std::function<c10::IValue(const at::Tensor&)>& fn, const c10::IValue& data,
@@ -149,19 +76,19 @@ TensorInformation TensorInformation::from_ivalue(const c10::IValue& value) {
 
 c10::IValue get_data_structure(const c10::IValue& data) {
   return map_tensors(
-      data, [](const at::Tensor& t) { return TensorInformation{t.sizes().vec(), t.scalar_type()}.to_ivalue(); },
+      data,
+      [](const at::Tensor& t) {
+        return TensorInformation{t.sizes().vec(), t.scalar_type()}.to_ivalue();
+      },
       false, "get_data_structure");
 }
 
 c10::IValue initialize_tensors(const c10::IValue& data_structure) {
-  return map_leaves(
-      data_structure,
-      [](const c10::IValue& leaf, const std::string&) -> c10::IValue {
-        if (!is_tensor_information(leaf)) return leaf;
-        auto info = TensorInformation::from_ivalue(leaf);
-        return at::empty(info.shape, at::TensorOptions().dtype(info.dtype));
-      },
-      "");
+  return detail::tree::map_leaves(data_structure, local_leaf, [](const c10::IValue& leaf, size_t) -> c10::IValue {
+    if (!is_tensor_information(leaf)) return leaf;
+    auto info = TensorInformation::from_ivalue(leaf);
+    return at::empty(info.shape, at::TensorOptions().dtype(info.dtype));
+  });
 }
 
 c10::IValue concatenate(const std::vector<c10::IValue>& data, int64_t dim) {
@@ -171,9 +98,7 @@ c10::IValue concatenate(const std::vector<c10::IValue>& data, int64_t dim) {
     if (!ok) throw InvalidArgument("concatenate: the collections differ in structure (kind or length)");
   };
   if (first.isList() || first.isTuple()) {
-    auto elems = [](const c10::IValue& v) {
-      return v.isList() ? v.toList().vec() : v.toTupleRef().elements().vec();
-    };
+    auto elems = [](const c10::IValue& v) { return v.isList() ? v.toList().vec() : v.toTupleRef().elements().vec(); };
     const size_t n = elems(first).size();
     std::vector<c10::IValue> items;
     for (size_t i = 0; i < n; ++i) {
@@ -192,7 +117,8 @@ c10::IValue concatenate(const std::vector<c10::IValue>& data, int64_t dim) {
     for (const auto& item : dict) {
       std::vector<c10::IValue> column;
       for (const auto& d : data) {
-        same_kind(d.isGenericDict() && d.toGenericDict().size() == dict.size() && d.toGenericDict().contains(item.key()));
+        same_kind(d.isGenericDict() && d.toGenericDict().size() == dict.size() &&
+                  d.toGenericDict().contains(item.key()));
         column.push_back(d.toGenericDict().at(item.key()));
       }
       values.push_back(concatenate(column, dim));
@@ -284,4 +210,5 @@ c10::IValue convert_to_fp32(const c10::IValue& data) {
       false, "convert_to_fp32");
 }
 
+}  // namespace accelerate
 }  // namespace chorus

@@ -1,20 +1,20 @@
 // Note [Collection collectives]
-// A collection's leaves are flattened in a fixed walk order, and its structure (container kinds,
+// A collection's leaves are flattened in leaf order (Note [Leaf order]), and its structure (container kinds,
 // keys, leaf dtypes, devices and shapes) is written as a signature. The ranks first agree on the
 // signature (one all_gather of its hash; on a difference, every rank's signature is exchanged so
 // the CollectiveMismatch shows them all). After that every check that depends only on structure
 // gives the same answer everywhere, so it can throw locally without leaving anyone waiting.
 // Leaves are then coalesced: one flat buffer and one collective per dtype, however many leaves.
-#include "structured.h"
+#include "collections/collective.h"
 
 #include <charconv>
 #include <cstring>
 #include <functional>
 #include <map>
 
-#include "chorus/collections.h"
+#include "chorus/accelerate.h"
+#include "collections/tree.h"
 #include "tensor_util.h"
-#include "walk.h"
 
 namespace chorus::detail {
 
@@ -23,7 +23,7 @@ namespace {
 enum class Shapes { Exact, AnyRows };  // AnyRows: dim 0 may differ between ranks
 
 struct Flat {
-  std::vector<at::Tensor> leaves;  // contiguous, in walk order; numbers as 0-d tensors
+  std::vector<at::Tensor> leaves;  // contiguous, in leaf order; numbers as 0-d tensors
   std::string signature;
 };
 
@@ -35,11 +35,24 @@ void append_int(std::string& s, int64_t v) {
 
 bool is_number(const c10::IValue& v) { return v.isInt() || v.isDouble() || v.isBool(); }
 
-// Appends v's structure to the signature and its leaves to out (hot: one call per leaf of
+// Leaves of the collection collectives: tensors and numbers (strings and None stay behind).
+bool moved_leaf(const c10::IValue& v) { return v.isTensor() || is_number(v); }
+
+// Appends data's structure to the signature and its leaves to out (hot: one call per leaf of
 // collections with thousands of tensors, so no streams and no torch ops unless needed).
-void flatten_into(const c10::IValue& v, Shapes shapes, Flat& out) {
-  std::string& sig = out.signature;
-  if (v.isTensor()) {
+struct Flatten : tree::Visitor {
+  Shapes shapes;
+  Flat& out;
+  Flatten(Shapes s, Flat& f) : shapes(s), out(f) {}
+  bool is_leaf(const c10::IValue& v) const { return moved_leaf(v); }
+  void leaf(const c10::IValue& v) {
+    std::string& sig = out.signature;
+    if (is_number(v)) {
+      sig += v.isInt() ? "int" : v.isDouble() ? "float" : "bool";
+      const auto type = v.isInt() ? at::kLong : v.isDouble() ? at::kDouble : at::kBool;
+      out.leaves.push_back(at::scalar_tensor(v.toScalar(), at::TensorOptions().dtype(type)));
+      return;
+    }
     const at::Tensor& t = v.toTensor();
     sig += "T<";
     sig += c10::toString(t.scalar_type());
@@ -52,56 +65,44 @@ void flatten_into(const c10::IValue& v, Shapes shapes, Flat& out) {
     }
     for (int64_t d = 0; d < t.dim(); ++d) {
       if (d) sig += ',';
-      if (d == 0 && shapes == Shapes::AnyRows) sig += '*';
-      else append_int(sig, t.size(d));
+      if (d == 0 && shapes == Shapes::AnyRows)
+        sig += '*';
+      else
+        append_int(sig, t.size(d));
     }
     sig += ']';
     out.leaves.push_back(plain(t));
-  } else if (is_number(v)) {
-    sig += v.isInt() ? "int" : v.isDouble() ? "float" : "bool";
-    const auto type = v.isInt() ? at::kLong : v.isDouble() ? at::kDouble : at::kBool;
-    out.leaves.push_back(at::scalar_tensor(v.toScalar(), at::TensorOptions().dtype(type)));
-  } else if (v.isList()) {
-    sig += '[';
-    const auto list = v.toList();
-    for (size_t i = 0; i < list.size(); ++i) {
-      if (i) sig += ',';
-      flatten_into(list.get(i), shapes, out);
-    }
-    sig += ']';
-  } else if (v.isTuple()) {
-    if (auto name = v.type()->castRaw<c10::TupleType>()->name()) sig += name->name();
-    sig += '(';
-    const auto& elems = v.toTupleRef().elements();
-    for (size_t i = 0; i < elems.size(); ++i) {
-      if (i) sig += ',';
-      flatten_into(elems[i], shapes, out);
-    }
-    sig += ')';
-  } else if (v.isGenericDict()) {
-    sig += '{';
-    bool first = true;
-    for (const auto& item : v.toGenericDict()) {
-      if (!first) sig += ',';
-      first = false;
-      const auto& k = item.key();
-      if (k.isString()) {
-        sig += '\'';
-        sig += k.toStringRef();
-        sig += '\'';
-      } else if (k.isInt()) {
-        append_int(sig, k.toInt());
-      } else {
-        sig += k.type()->annotation_str();
-      }
-      sig += ':';
-      flatten_into(item.value(), shapes, out);
-    }
-    sig += '}';
-  } else {
-    sig += v.isNone() ? "None" : v.isString() ? "str" : v.type()->annotation_str();
   }
-}
+  void other(const c10::IValue& v) {
+    out.signature += v.isNone() ? "None" : v.isString() ? "str" : v.type()->annotation_str();
+  }
+  void open(const c10::IValue& v) {
+    if (v.isList()) {
+      out.signature += '[';
+    } else if (v.isTuple()) {
+      if (auto name = v.type()->castRaw<c10::TupleType>()->name()) out.signature += name->name();
+      out.signature += '(';
+    } else {
+      out.signature += '{';
+    }
+  }
+  void child(size_t i, const c10::IValue* key) {
+    std::string& sig = out.signature;
+    if (i) sig += ',';
+    if (!key) return;
+    if (key->isString()) {
+      sig += '\'';
+      sig += key->toStringRef();
+      sig += '\'';
+    } else if (key->isInt()) {
+      append_int(sig, key->toInt());
+    } else {
+      sig += key->type()->annotation_str();
+    }
+    sig += ':';
+  }
+  void close(const c10::IValue& v) { out.signature += v.isList() ? ']' : v.isTuple() ? ')' : '}'; }
+};
 
 Flat flatten(const c10::IValue& data, Shapes shapes) {
   // Collections usually come back with the same structure: start with room for the last one.
@@ -109,112 +110,25 @@ Flat flatten(const c10::IValue& data, Shapes shapes) {
   Flat f;
   f.signature.reserve(last_signature);
   f.leaves.reserve(last_leaves);
-  flatten_into(data, shapes, f);
+  Flatten visitor(shapes, f);
+  tree::walk(data, visitor);
   last_signature = f.signature.size();
   last_leaves = f.leaves.size();
   return f;
 }
 
-// Where leaf `index` (walk order) sits in data, for messages: "['a'][0]".
-bool find_path(const c10::IValue& v, size_t& index, std::string& path) {
-  if (v.isTensor() || is_number(v)) return index-- == 0;
-  auto visit = [&](const c10::IValue& child, const std::string& step) {
-    const size_t at = path.size();
-    path += step;
-    if (find_path(child, index, path)) return true;
-    path.resize(at);
-    return false;
-  };
-  if (v.isList()) {
-    const auto list = v.toList();
-    for (size_t i = 0; i < list.size(); ++i)
-      if (visit(list.get(i), concat("[", i, "]"))) return true;
-  } else if (v.isTuple()) {
-    const auto& elems = v.toTupleRef().elements();
-    for (size_t i = 0; i < elems.size(); ++i)
-      if (visit(elems[i], concat("[", i, "]"))) return true;
-  } else if (v.isGenericDict()) {
-    for (const auto& item : v.toGenericDict()) {
-      const auto& k = item.key();
-      const std::string step = k.isString() ? concat("['", k.toStringRef(), "']") : concat("[", k.isInt() ? std::to_string(k.toInt()) : k.type()->annotation_str(), "]");
-      if (visit(item.value(), step)) return true;
-    }
-  }
-  return false;
-}
+std::string leaf_path(const c10::IValue& data, size_t index) { return tree::leaf_path(data, index, moved_leaf); }
 
-std::string leaf_path(const c10::IValue& data, size_t index) {
-  std::string path;
-  find_path(data, index, path);
-  return path.empty() ? "the data" : path;
-}
-
-// data with its leaves replaced in walk order. A number leaf becomes a number again when
-// numbers_back (its tensor is 0-d then), else stays a tensor, which changes container types;
-// `changed` says whether v's type changed.
-c10::IValue rebuild(const c10::IValue& v, const std::vector<at::Tensor>& leaves, size_t& next, bool numbers_back,
-                    bool& changed) {
-  changed = false;
-  if (v.isTensor()) return leaves[next++];
-  if (is_number(v)) {
-    const at::Tensor& t = leaves[next++];
-    if (!numbers_back) {
-      changed = true;
-      return t;
-    }
+// data with its leaves replaced in leaf order. A number leaf becomes a number again when
+// numbers_back (its tensor is 0-d then), else stays a tensor, which changes container types.
+c10::IValue rebuild(const c10::IValue& data, const std::vector<at::Tensor>& leaves, bool numbers_back) {
+  return tree::map_leaves(data, moved_leaf, [&](const c10::IValue& v, size_t i) -> c10::IValue {
+    const at::Tensor& t = leaves[i];
+    if (v.isTensor() || !numbers_back) return t;
     if (v.isInt()) return t.item<int64_t>();
     if (v.isDouble()) return t.item<double>();
     return t.item<bool>();
-  }
-  if (v.isList() || v.isTuple()) {
-    const bool list = v.isList();
-    std::vector<c10::IValue> items;
-    bool any = false;
-    auto add = [&](const c10::IValue& i) {
-      bool c;
-      items.push_back(rebuild(i, leaves, next, numbers_back, c));
-      any = any || c;
-    };
-    if (list)
-      for (const auto& i : v.toList()) add(i);
-    else
-      for (const auto& i : v.toTupleRef().elements()) add(i);
-    changed = any;
-    if (any) return honor_type(v, std::move(items));
-    if (!list) {
-      auto type = v.type()->cast<c10::TupleType>();
-      if (type && type->schema()) return c10::ivalue::Tuple::createNamed(std::move(items), type);
-      return c10::ivalue::Tuple::create(std::move(items));
-    }
-    c10::impl::GenericList out(v.toList().elementType());
-    out.reserve(items.size());
-    for (auto& i : items) out.push_back(std::move(i));
-    return out;
-  }
-  if (v.isGenericDict()) {
-    auto dict = v.toGenericDict();
-    std::vector<c10::IValue> values;
-    values.reserve(dict.size());
-    bool any = false;
-    for (const auto& item : dict) {
-      bool c;
-      values.push_back(rebuild(item.value(), leaves, next, numbers_back, c));
-      any = any || c;
-    }
-    changed = any;
-    c10::impl::GenericDict out(dict.keyType(), any ? item_type(dict.valueType(), values) : dict.valueType());
-    out.reserve(values.size());
-    size_t i = 0;
-    for (const auto& item : dict) out.insert(item.key(), std::move(values[i++]));
-    return out;
-  }
-  return v;
-}
-
-c10::IValue rebuild(const c10::IValue& data, const std::vector<at::Tensor>& leaves, bool numbers_back) {
-  size_t next = 0;
-  bool changed;
-  return rebuild(data, leaves, next, numbers_back, changed);
+  });
 }
 
 // CollectiveMismatch on every rank unless every rank has the same signature.
@@ -245,10 +159,10 @@ void agree(ProcessGroup& g, const std::string& signature, const char* what) {
     const std::string_view call = calls.back();
     lines += concat("\n  rank ", r, ": ", call.substr(0, 300), call.size() > 300 ? "..." : "");
   }
-  throw CollectiveMismatch(concat(what, " on group '", g.name(),
-                                  "': the ranks passed collections that differ in structure, keys, dtypes or shapes:",
-                                  lines),
-                           calls);
+  throw CollectiveMismatch(
+      concat(what, " on group '", g.name(),
+             "': the ranks passed collections that differ in structure, keys, dtypes or shapes:", lines),
+      calls);
 }
 
 // Structure-only checks, after agree(): the same verdict on every rank.
@@ -265,7 +179,7 @@ void check_leaves(const c10::IValue& data, const Flat& f, std::optional<ReduceOp
   }
 }
 
-// Leaf indices grouped by dtype, in walk order within each group; groups in dtype order.
+// Leaf indices grouped by dtype, in leaf order within each group; groups in dtype order.
 std::vector<std::pair<at::ScalarType, std::vector<size_t>>> by_dtype(const Flat& f) {
   std::vector<std::vector<size_t>> groups(size_t(at::ScalarType::NumOptions));
   for (size_t i = 0; i < f.leaves.size(); ++i) groups[size_t(f.leaves[i].scalar_type())].push_back(i);
@@ -334,7 +248,8 @@ c10::IValue all_gather_collection(ProcessGroup& g, const c10::IValue& data, cons
 std::optional<c10::IValue> gather_collection(ProcessGroup& g, const c10::IValue& data, int dst, const char* what) {
   Communicator& comm = g.communicator();
   const int w = g.size();
-  if (dst < 0 || dst >= w) comm.reject(what, concat("destination ", dst, " is not a rank of this group (size ", w, ")"));
+  if (dst < 0 || dst >= w)
+    comm.reject(what, concat("destination ", dst, " is not a rank of this group (size ", w, ")"));
   Flat f = flatten(data, Shapes::AnyRows);
   agree(g, f.signature, what);
   check_leaves(data, f, std::nullopt, what);

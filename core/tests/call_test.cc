@@ -1,0 +1,193 @@
+// The two halves of checking a call, in one process: argument validation (this rank alone,
+// communicator/arguments.h) and the comparison of the ranks' calls (Note [Comparing calls]).
+// The multi-process suites check that the messages reach every rank; these check the messages.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstring>
+
+#include "call_compare.h"
+#include "chorus/core/error.h"
+#include "communicator/arguments.h"
+
+namespace chorus {
+namespace {
+
+// What validate_arguments said of `c` as rank `rank` of 4 ("" when it found nothing).
+std::string invalid(Call c, int rank = 1) {
+  validate_arguments(c, rank, 4, "g");
+  return c.invalid;
+}
+
+void expect_says(const std::string& got, const std::string& want) {
+  EXPECT_NE(got.find(want), std::string::npos) << "\n  got:  " << got << "\n  want: ..." << want << "...";
+}
+
+float a[64], b[64];
+
+TEST(ArgumentValidation, GoodCallsPass) {
+  EXPECT_EQ(invalid({.kind = OpKind::AllReduce, .dtype = DataType::Float32, .count = 8, .in = a, .out = b}), "");
+  EXPECT_EQ(invalid({.kind = OpKind::AllReduce, .dtype = DataType::Float32, .count = 8, .in = a, .out = a}), "");
+  EXPECT_EQ(invalid({.kind = OpKind::Reduce, .dtype = DataType::Int32, .root = 0, .count = 8, .in = a}), "")
+      << "off the root the output may be null";
+  EXPECT_EQ(invalid({.kind = OpKind::AllGather, .dtype = DataType::Float32, .count = 4, .in = a + 4, .out = a}), "")
+      << "rank 1's block of the output is the in-place form";
+  EXPECT_EQ(invalid({.kind = OpKind::ReduceScatter, .dtype = DataType::Float32, .count = 4, .in = a, .out = a + 4}),
+            "");
+  EXPECT_EQ(invalid({.kind = OpKind::Barrier}), "");
+  EXPECT_EQ(invalid({.kind = OpKind::Split, .count = 2, .counts = {3, 1}}), "");
+}
+
+TEST(ArgumentValidation, EachProblemIsNamedWithTheCallGroupAndRank) {
+  const std::string mean_int = invalid(
+      {.kind = OpKind::AllReduce, .dtype = DataType::Int32, .op = ReduceOp::Mean, .count = 8, .in = a, .out = b});
+  expect_says(mean_int, "all_reduce(i32 x 8, mean) on group 'g' (rank 1): ");
+  expect_says(mean_int, "truncate");
+  expect_says(invalid({.kind = OpKind::AllReduce,
+                       .dtype = DataType::Float32,
+                       .op = ReduceOp::BitwiseAnd,
+                       .count = 8,
+                       .in = a,
+                       .out = b}),
+              "bitwise");
+  expect_says(invalid({.kind = OpKind::Broadcast, .dtype = DataType::Float32, .root = 4, .count = 8, .out = a}),
+              "root 4 is not a rank of this group (size 4)");
+  expect_says(invalid({.kind = OpKind::AllReduce, .dtype = DataType::Float32, .count = 8, .in = nullptr, .out = b}),
+              "input is null but must hold 8 elements");
+  expect_says(invalid({.kind = OpKind::Reduce, .dtype = DataType::Float32, .root = 1, .count = 8, .in = a}),
+              "output is null but must hold 8 elements");
+  expect_says(invalid({.kind = OpKind::AllReduce, .dtype = DataType::Float32, .count = 8, .in = a, .out = a + 1}),
+              "input and output overlap");
+  expect_says(invalid({.kind = OpKind::AllGather, .dtype = DataType::Float32, .count = 4, .in = a, .out = a}),
+              "input and output overlap");  // rank 1's block starts 4 elements in, not at 0
+  expect_says(invalid({.kind = OpKind::AllGatherV, .dtype = DataType::Float32, .in = a, .out = b, .counts = {1, 2}}),
+              "counts has 2 entries but the group has 4 ranks");
+  expect_says(invalid({.kind = OpKind::AllToAllV,
+                       .dtype = DataType::Float32,
+                       .in = a,
+                       .out = b,
+                       .counts = {1, 1, 1, 1},
+                       .recv_counts = {1}}),
+              "recv_counts has 1 entries");
+  expect_says(invalid({.kind = OpKind::Send, .dtype = DataType::Float32, .root = 1, .count = 1, .in = a}),
+              "a rank cannot send to itself");
+  expect_says(invalid({.kind = OpKind::Recv, .dtype = DataType::Float32, .root = 2, .tag = -1, .count = 1, .out = a}),
+              "tags must be >= 0");
+  expect_says(invalid({.kind = OpKind::Split, .count = 2, .counts = {2, 2}}), "rank 2 is listed twice");
+  expect_says(invalid({.kind = OpKind::Split}), "the list of ranks is empty");
+  expect_says(invalid({.kind = OpKind::AllReduce, .dtype = DataType(99), .count = 1, .in = a, .out = b}),
+              "unknown dtype code 99");
+}
+
+TEST(ArgumentValidation, OnlyTheFirstProblemIsKeptAndCountsThatCannotTravelAreDropped) {
+  Call c{.kind = OpKind::GatherV,
+         .dtype = DataType::Float32,
+         .root = 9,
+         .in = nullptr,
+         .out = nullptr,
+         .counts = {1, 2, 3}};
+  validate_arguments(c, 1, 4, "g");
+  expect_says(c.invalid, "root 9 is not a rank");
+  EXPECT_EQ(c.invalid.find("counts"), std::string::npos) << c.invalid;
+  EXPECT_TRUE(c.counts.empty()) << "a wrong-length counts list must not be published";
+}
+
+// Every rank's call, as compare_calls sees them.
+struct Ranks {
+  std::vector<CallDesc> descs;
+  std::vector<std::vector<uint64_t>> counts;
+  std::vector<std::array<char, kTextBytes>> texts;
+  void add(const Call& c, uint64_t index = 1) {
+    descs.push_back(make_desc(c, index));
+    auto v = travelling_counts(c);
+    v.resize(8, 0);  // 2 * world entries
+    counts.push_back(v);
+    texts.emplace_back();
+    put_text(texts.back().data(), c.invalid);
+  }
+  std::vector<RankCall> view() const {
+    std::vector<RankCall> out;
+    for (size_t r = 0; r < descs.size(); ++r) out.push_back({descs[r], counts[r].data(), texts[r].data()});
+    return out;
+  }
+};
+
+Call all_reduce(uint64_t n, DataType dt = DataType::Float32) {
+  return {.kind = OpKind::AllReduce, .dtype = dt, .count = n, .in = a, .out = b};
+}
+
+TEST(CallComparison, TheSameCallEverywherePasses) {
+  Ranks ranks;
+  for (int r = 0; r < 4; ++r) ranks.add(all_reduce(8));
+  EXPECT_NO_THROW(compare_calls(ranks.view(), 2, 1, "g"));
+}
+
+TEST(CallComparison, AMismatchShowsEveryRanksCall) {
+  Ranks ranks;
+  ranks.add(all_reduce(8));
+  ranks.add(all_reduce(8));
+  ranks.add(all_reduce(9));
+  ranks.add({.kind = OpKind::Broadcast, .dtype = DataType::Float64, .root = 3, .count = 8, .out = a});
+  try {
+    compare_calls(ranks.view(), 0, 1, "g");
+    FAIL() << "no mismatch raised";
+  } catch (const CollectiveMismatch& e) {
+    const std::string m = e.what();
+    expect_says(m, "ranks of group 'g' made different calls at call #1");
+    expect_says(m, "rank 0 (call #1): all_reduce(f32 x 8, sum)");
+    expect_says(m, "rank 2 (call #1): all_reduce(f32 x 9, sum)");
+    expect_says(m, "rank 3 (call #1): broadcast(f64 x 8, root 3)");
+    ASSERT_EQ(e.calls().size(), 4u);
+    EXPECT_EQ(e.calls()[2], "all_reduce(f32 x 9, sum)");
+  }
+}
+
+TEST(CallComparison, AnotherRanksInvalidArgumentsReachEveryRankWithItsText) {
+  Ranks ranks;
+  for (int r = 0; r < 4; ++r) {
+    Call c = all_reduce(8);
+    if (r == 2) c.invalid = "all_reduce(f32 x 8, sum) on group 'g' (rank 2): input is null";
+    ranks.add(c);
+  }
+  try {
+    compare_calls(ranks.view(), 0, 1, "g");
+    FAIL() << "no error raised";
+  } catch (const InvalidArgument& e) {
+    expect_says(e.what(),
+                "another rank rejected its arguments (rank 2: all_reduce(f32 x 8, sum) on group 'g' (rank 2): "
+                "input is null)");
+  }
+  try {
+    compare_calls(ranks.view(), 2, 1, "g");
+    FAIL() << "no error raised";
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "all_reduce(f32 x 8, sum) on group 'g' (rank 2): input is null");
+  }
+}
+
+TEST(CallComparison, AllToAllVCountsMustPairUp) {
+  Ranks ranks;
+  // Rank p sends 1 element to every rank; rank 3 expects 2 from rank 0.
+  for (int r = 0; r < 4; ++r) {
+    Call c{.kind = OpKind::AllToAllV,
+           .dtype = DataType::Int32,
+           .in = a,
+           .out = b,
+           .counts = {1, 1, 1, 1},
+           .recv_counts = {uint64_t(r == 3 ? 2 : 1), 1, 1, 1}};
+    ranks.add(c);
+  }
+  EXPECT_THROW(compare_calls(ranks.view(), 1, 1, "g"), CollectiveMismatch);
+}
+
+TEST(CallComparison, FingerprintsIgnoreARejectionButNotTheCall) {
+  Call c = all_reduce(8);
+  const uint64_t f = fingerprint(make_desc(c, 1), travelling_counts(c));
+  c.invalid = "bad";
+  EXPECT_EQ(fingerprint(make_desc(c, 1), travelling_counts(c)), f);
+  EXPECT_NE(fingerprint(make_desc(all_reduce(9), 1), {}), f);
+  EXPECT_NE(fingerprint(make_desc(all_reduce(8), 2), {}), f) << "the call's index counts";
+}
+
+}  // namespace
+}  // namespace chorus
