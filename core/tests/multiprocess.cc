@@ -131,6 +131,60 @@ std::vector<RankResult> run_ranks_in_job(MpiJob& job, int world, const std::func
   return results;
 }
 
+// Note [Fork before threads]: a process that forks while another of its threads holds a lock
+// gives its child that lock, held forever (seen: AddressSanitizer's allocator lock, held by a
+// store thread, deadlocked a forked rank until the harness killed it). So the store is served
+// by a process of its own, forked while the test process runs no other thread, and the ranks
+// are forked from that same thread-free test process.
+class StoreProcess {
+ public:
+  StoreProcess() {
+    int port_pipe[2], stop_pipe[2];
+    if (pipe(port_pipe) != 0 || pipe(stop_pipe) != 0) throw std::runtime_error("pipe failed");
+    std::fflush(nullptr);
+    pid_ = fork();
+    if (pid_ < 0) throw std::runtime_error("fork failed");
+    if (pid_ == 0) {
+      close(port_pipe[0]);
+      close(stop_pipe[1]);
+      int code = 0;
+      try {
+        TcpStoreServer server("127.0.0.1", 0);
+        const int port = server.port();
+        (void)!write(port_pipe[1], &port, sizeof port);
+        close(port_pipe[1]);
+        char c;
+        while (read(stop_pipe[0], &c, 1) > 0) {
+        }  // until the test process closes the pipe, or dies
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "test harness: the store process failed: %s\n", e.what());
+        code = 1;
+      }
+      std::fflush(nullptr);
+      _exit(code);
+    }
+    close(port_pipe[1]);
+    close(stop_pipe[0]);
+    stop_ = stop_pipe[1];
+    const bool got = read(port_pipe[0], &port_, sizeof port_) == ssize_t(sizeof port_);
+    close(port_pipe[0]);
+    if (!got) throw std::runtime_error("the test harness's store process did not start");
+  }
+  ~StoreProcess() {
+    close(stop_);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+  }
+  StoreProcess(const StoreProcess&) = delete;
+  StoreProcess& operator=(const StoreProcess&) = delete;
+  int port() const { return port_; }
+
+ private:
+  pid_t pid_ = -1;
+  int stop_ = -1;
+  int port_ = 0;
+};
+
 }  // namespace
 
 std::vector<std::string> test_backends() {
@@ -145,8 +199,8 @@ std::vector<std::string> test_backends() {
 std::vector<RankResult> run_ranks(int world, const std::function<void(RankContext&)>& body,
                                   std::chrono::seconds limit) {
   if (MpiJob* job = mpi_job()) return run_ranks_in_job(*job, world, body, limit);
-  TcpStoreServer server("127.0.0.1", 0);
-  const int port = server.port();
+  StoreProcess store;  // Note [Fork before threads]
+  const int port = store.port();
   std::vector<pid_t> pids;
   std::vector<int> pipes;
   for (int r = 0; r < world; ++r) {

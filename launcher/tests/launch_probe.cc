@@ -4,6 +4,7 @@
 //                [--lines N] [--sleep S] [--pid-dir D]
 #include <signal.h>
 #include <unistd.h>
+#include <csignal>
 
 #include <cstdio>
 #include <cstdlib>
@@ -57,7 +58,10 @@ int main(int argc, char** argv) {
   for (int i = 0; i < lines; ++i) std::printf("line rank=%d i=%d %s\n", env.rank, i, filler.c_str());
   std::fflush(stdout);
   if (env.rank == exit_rank) return code;
-  if (env.rank == signal_rank) raise(SIGSEGV);
+  if (env.rank == signal_rank) {
+    std::signal(SIGSEGV, SIG_DFL);  // die by the signal even where a sanitizer handles SIGSEGV
+    raise(SIGSEGV);
+  }
   if (env.rank == 1 && env.restart_count < fail_until) {
     std::fprintf(stderr, "probe: rank 1 fails in attempt %d\n", env.restart_count);
     return 4;

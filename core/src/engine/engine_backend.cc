@@ -85,7 +85,8 @@ class EngineBackend : public Backend {
     all.resize(record * size_t(size_));
     std::memcpy(mine.data(), &d, sizeof d);
     put_text(reinterpret_cast<char*>(mine.data() + sizeof d), c.invalid);
-    std::memcpy(mine.data() + sizeof d + kTextBytes, counts.data(), counts.size() * sizeof(uint64_t));
+    if (!counts.empty())  // (memcpy from an empty vector's null data() is undefined)
+      std::memcpy(mine.data() + sizeof d + kTextBytes, counts.data(), counts.size() * sizeof(uint64_t));
     engine_->all_gather(mine.data(), all.data(), record, left_until(c.deadline));
     std::vector<RankCall> calls;
     for (int p = 0; p < size_; ++p) {
