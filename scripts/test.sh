@@ -5,21 +5,23 @@
 # Usage: scripts/test.sh [build-dir]      (the sanitized build goes to <build-dir>-sanitize)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+# nproc obeys OMP_NUM_THREADS, which the tests set to 1: count the cores without it.
+jobs=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 build=${1:-"$root/build"}
 
 "$root/scripts/install-deps.sh"
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release
-cmake --build "$build" -j "$(nproc)"
+cmake --build "$build" -j "$jobs"
 # Tests start real processes; more ranks than cores is intended. One BLAS/OpenMP thread each.
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-(cd "$build" && ctest --output-on-failure -j "$(nproc)" --timeout 900)
+(cd "$build" && ctest --output-on-failure -j "$jobs" --timeout 900)
 
 echo "== the core's tests under -fsanitize=address,undefined"
 sanitized="$build-sanitize"
 cmake -S "$root" -B "$sanitized" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCHORUS_SANITIZE=address,undefined \
   -DCHORUS_BUILD_TORCH=OFF -DCHORUS_BUILD_BENCH=OFF -DCHORUS_BUILD_EXAMPLES=OFF
-cmake --build "$sanitized" -j "$(nproc)"
+cmake --build "$sanitized" -j "$jobs"
 export ASAN_OPTIONS="abort_on_error=0:detect_leaks=1" UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export LSAN_OPTIONS="suppressions=$root/tests/sanitizers/lsan.supp:print_suppressions=0"
 cd "$sanitized"
-ctest --output-on-failure -j "$(nproc)" --timeout 900 -E '^format$'
+ctest --output-on-failure -j "$jobs" --timeout 900 -E '^format$'
