@@ -26,6 +26,7 @@
 
 #include <mutex>
 
+#include "replicas.h"
 #include "tensor_util.h"
 
 namespace chorus {
@@ -255,6 +256,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   }
   for (size_t i = 0; i < n; ++i) r.adopt_grad(i);
   r.hook = allreduce_hook(group_);
+  detail::register_replicas(r.params, group_);
   for (size_t i = 0; i < n; ++i) {
     auto acc = torch::autograd::impl::grad_accumulator(r.params[i]);
     const uintptr_t key = acc->add_post_hook(std::make_unique<ReadyHook>(reducer_, i));
@@ -263,6 +265,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
 }
 
 DistributedDataParallel::~DistributedDataParallel() {
+  detail::unregister_replicas(reducer_->params);
   for (auto& [acc, key] : reducer_->hooks) acc->del_post_hook(key);
 }
 
@@ -288,21 +291,23 @@ void DistributedDataParallel::sync_buffers() {
   for (auto& t : reducer_->buffers) group_->broadcast_(t, 0);
 }
 
-NoSyncGuard::NoSyncGuard(DistributedDataParallel* ddp) : ddp_(ddp) {
-  if (!ddp_) return;
-  std::lock_guard<std::mutex> lock(ddp_->reducer_->mu);
-  previous_ = ddp_->reducer_->sync;
-  ddp_->reducer_->sync = false;
+NoSyncGuard::NoSyncGuard(DistributedDataParallel* ddp) {
+  if (!ddp) return;
+  std::shared_ptr<DistributedDataParallel::Reducer> reducer = ddp->reducer_;
+  std::lock_guard<std::mutex> lock(reducer->mu);
+  const bool previous = std::exchange(reducer->sync, false);
+  restore_ = [reducer, previous] {
+    std::lock_guard<std::mutex> lock(reducer->mu);
+    reducer->sync = previous;
+  };
 }
 
-NoSyncGuard::NoSyncGuard(NoSyncGuard&& other) noexcept : ddp_(other.ddp_), previous_(other.previous_) {
-  other.ddp_ = nullptr;
+NoSyncGuard::NoSyncGuard(NoSyncGuard&& other) noexcept : restore_(std::move(other.restore_)) {
+  other.restore_ = nullptr;
 }
 
 NoSyncGuard::~NoSyncGuard() {
-  if (!ddp_) return;
-  std::lock_guard<std::mutex> lock(ddp_->reducer_->mu);
-  ddp_->reducer_->sync = previous_;
+  if (restore_) restore_();
 }
 
 }  // namespace chorus

@@ -1,7 +1,7 @@
 // chorus: the distributed side of training with LibTorch. One include for the whole public API
 // (see docs/api.md for the map from torch.distributed, Fabric, Accelerate, Axolotl and Lightning).
 // Headers are named after docs/api.md's sections: process_group.h, fabric.h, accelerate.h,
-// axolotl.h, lightning.h, ddp.h and comm_hooks.h.
+// axolotl.h, lightning.h, ddp.h, comm_hooks.h and sharded.h.
 #pragma once
 
 #include "chorus/accelerate.h"
@@ -14,3 +14,4 @@
 #include "chorus/ivalue_convert.h"
 #include "chorus/lightning.h"
 #include "chorus/process_group.h"
+#include "chorus/sharded.h"

@@ -11,6 +11,7 @@
 
 #include <torch/nn/module.h>
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -30,20 +31,21 @@ struct DDPOptions {
 };
 
 class DistributedDataParallel;
+class ShardedDataParallel;
 
 // While alive, backward passes accumulate gradients locally (no communication); the next
 // backward outside it synchronizes the accumulated gradients.
 class NoSyncGuard {
  public:
   explicit NoSyncGuard(DistributedDataParallel* ddp);  // null: a guard that does nothing
+  explicit NoSyncGuard(ShardedDataParallel* sdp);      // (chorus/sharded.h)
   NoSyncGuard(NoSyncGuard&& other) noexcept;
   NoSyncGuard& operator=(NoSyncGuard&&) = delete;
   NoSyncGuard(const NoSyncGuard&) = delete;
   ~NoSyncGuard();
 
  private:
-  DistributedDataParallel* ddp_;
-  bool previous_ = false;
+  std::function<void()> restore_;  // puts synchronization back as it was
 };
 // Lightning's name for the same guard; Fabric::no_backward_sync returns a NoSyncGuard.
 using NoBackwardSync [[deprecated("use chorus::NoSyncGuard")]] = NoSyncGuard;

@@ -1,0 +1,260 @@
+// Note [Gathered parameters]
+// GatheredParameters sorts what it is given into entries: one per ShardedDataParallel whose
+// sharded parameters are among them (parameters in that module's order, duplicates dropped,
+// entries in the order the modules were made, the same on every rank), and one per DDP group for
+// replicated parameters. Tensors of neither kind are left alone.
+// Entering:
+//   1. every rule that can be checked locally is checked (no overlap with a live
+//      GatheredParameters, not during forward or backward, a modifier rank inside the group)
+//      before any collective, so a rejected call leaves everything as it was;
+//   2. per sharded entry, the ranks exchange what they are gathering (parameter names and the
+//      modifier) with all_gather_v: a rank whose list differs gets CollectiveMismatch showing every
+//      rank's list, and a rank that never comes is named by the group's TimeoutError;
+//   3. the parameters are gathered and held (forward's freeing leaves them alone), with their
+//      version counters noted.
+// Exiting, per entry: with a modifier rank, its full values are broadcast and every rank re-slices
+// its shard from them; without one, the ranks exchange which parameters changed in place (version
+// counter, or this rank's own elements differing from its shard) and all raise InvalidArgument
+// naming them and the ranks that changed them, with the shards as they were. DDP entries broadcast
+// the modifier's values and do nothing else.
+#include <algorithm>
+#include <iostream>
+
+#include "param_kernel.h"
+#include "replicas.h"
+#include "state.h"
+#include "tensor_util.h"
+
+namespace chorus {
+
+using detail::concat;
+using detail::ShardedState;
+
+struct GatheredParameters::Entry {
+  std::shared_ptr<ShardedState> state;     // sharded parameters...
+  std::shared_ptr<ProcessGroup> replicas;  // ...or a DDP group's replicated ones
+  std::vector<size_t> indices;             // sharded: parameter indices, ascending
+  std::vector<at::Tensor> tensors;         // replicated
+  std::optional<int> modifier;
+  bool held = false;
+};
+
+namespace {
+
+std::string describe_list(const std::vector<std::string>& names, std::optional<int> modifier) {
+  std::string s = "[";
+  for (size_t i = 0; i < names.size(); ++i) s += concat(i ? ", " : "", names[i]);
+  return concat(s, "] modifier_rank=", modifier ? std::to_string(*modifier) : std::string("none"));
+}
+
+// Every rank's `text` (all_gather_v of its bytes).
+std::vector<std::string> exchange(ProcessGroup& group, const std::string& text) {
+  at::Tensor bytes = at::empty({int64_t(text.size())}, at::kByte);
+  std::copy(text.begin(), text.end(), bytes.data_ptr<uint8_t>());
+  std::vector<std::string> out;
+  for (const at::Tensor& t : group.all_gather_v(bytes))
+    out.emplace_back(reinterpret_cast<const char*>(t.data_ptr<uint8_t>()), size_t(t.numel()));
+  return out;
+}
+
+}  // namespace
+
+GatheredParameters::GatheredParameters(std::vector<at::Tensor> params, std::optional<int> modifier_rank, bool enabled) {
+  if (enabled) enter(std::move(params), modifier_rank);
+}
+
+GatheredParameters::GatheredParameters(const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
+                                       std::optional<int> modifier_rank, bool enabled) {
+  if (!enabled) return;
+  std::vector<at::Tensor> params;
+  for (const auto& m : modules) {
+    if (!m) throw InvalidArgument("GatheredParameters: a module is null");
+    for (const auto& p : m->parameters(true)) params.push_back(p);
+  }
+  enter(std::move(params), modifier_rank);
+}
+
+void GatheredParameters::enter(std::vector<at::Tensor> params, std::optional<int> modifier_rank) {
+  // Sort into entries.
+  std::vector<std::shared_ptr<Entry>> entries;
+  for (const at::Tensor& t : params) {
+    if (!t.defined()) continue;
+    if (auto ref = detail::find_sharded(t); ref.owner) {
+      auto it = std::find_if(entries.begin(), entries.end(), [&](const auto& e) { return e->state == ref.owner; });
+      if (it == entries.end()) {
+        entries.push_back(std::make_shared<Entry>());
+        entries.back()->state = ref.owner;
+        it = entries.end() - 1;
+      }
+      (*it)->indices.push_back(ref.index);
+    } else if (auto group = detail::replica_group(t)) {
+      if (!modifier_rank) continue;  // nothing to do for replicas without a modifier
+      auto it = std::find_if(entries.begin(), entries.end(), [&](const auto& e) { return e->replicas == group; });
+      if (it == entries.end()) {
+        entries.push_back(std::make_shared<Entry>());
+        entries.back()->replicas = group;
+        it = entries.end() - 1;
+      }
+      if (std::none_of((*it)->tensors.begin(), (*it)->tensors.end(), [&](const at::Tensor& x) { return x.is_same(t); }))
+        (*it)->tensors.push_back(t);
+    }
+  }
+  std::stable_sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) {
+    const uint64_t ia = a->state ? a->state->id() : UINT64_MAX, ib = b->state ? b->state->id() : UINT64_MAX;
+    return ia < ib;
+  });
+  // 1. Local rules, before any collective.
+  for (auto& e : entries) {
+    e->modifier = modifier_rank;
+    ProcessGroup& group = e->state ? e->state->group() : *e->replicas;
+    if (modifier_rank && (*modifier_rank < 0 || *modifier_rank >= group.size()))
+      throw InvalidArgument(concat("GatheredParameters: modifier_rank ", *modifier_rank, " is not a rank of group '",
+                                   group.name(), "' (", group.size(), " ranks)"));
+    if (!e->state) continue;
+    std::sort(e->indices.begin(), e->indices.end());
+    e->indices.erase(std::unique(e->indices.begin(), e->indices.end()), e->indices.end());
+    if (e->state->busy())
+      throw InvalidArgument(
+          "GatheredParameters: entered during a ShardedDataParallel's forward or backward; "
+          "enter it before forward or after backward");
+    std::string overlap = e->state->hold_problem(e->indices);
+    if (!overlap.empty())
+      throw InvalidArgument(concat("GatheredParameters: ", overlap,
+                                   " already gathered by a GatheredParameters that is still alive; nested "
+                                   "GatheredParameters must not share parameters"));
+  }
+  for (auto& e : entries) e->state ? e->state->rethrow_deferred() : void();
+  // 2. Agreement, then 3. gather and hold.
+  done_ = false;
+  for (auto& e : entries) {
+    if (!e->state) {
+      entries_.push_back(e);
+      continue;
+    }
+    std::vector<std::string> names;
+    for (size_t i : e->indices) names.push_back(e->state->param(i).name);
+    const std::string mine = describe_list(names, e->modifier);
+    std::vector<std::string> all = exchange(e->state->group(), mine);
+    if (std::any_of(all.begin(), all.end(), [&](const std::string& s) { return s != mine; })) {
+      std::string shown;
+      for (size_t r = 0; r < all.size(); ++r) shown += concat("\n  rank ", r, ": ", all[r]);
+      exit();  // what this rank already holds goes back; the others do the same
+      throw CollectiveMismatch(concat("GatheredParameters: the ranks of group '", e->state->group().name(),
+                                      "' entered with different parameters:", shown),
+                               all);
+    }
+    e->state->hold(e->indices);
+    e->held = true;
+    entries_.push_back(e);
+  }
+}
+
+void GatheredParameters::exit() {
+  if (done_) return;
+  done_ = true;
+  std::exception_ptr error;
+  for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {  // the reverse of entering
+    Entry& e = **it;
+    try {
+      if (e.replicas) {
+        if (e.modifier) {
+          at::NoGradGuard no_grad;
+          for (at::Tensor t : e.tensors) e.replicas->broadcast_(t, *e.modifier);
+        }
+        continue;
+      }
+      if (!e.held) continue;
+      e.held = false;
+      std::string edited = e.state->release(e.indices, e.modifier);
+      if (!edited.empty())
+        throw InvalidArgument(concat("GatheredParameters: ", edited,
+                                     " changed in place without a modifier_rank, so the change was dropped; pass "
+                                     "modifier_rank = the rank whose values should win"));
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
+  }
+  entries_.clear();
+  if (error) std::rethrow_exception(error);
+}
+
+GatheredParameters::~GatheredParameters() {
+  if (done_) return;
+  std::vector<std::shared_ptr<ShardedState>> states;
+  for (auto& e : entries_)
+    if (e->state) states.push_back(e->state);
+  try {
+    exit();
+  } catch (const std::exception& err) {
+    std::cerr << "chorus: GatheredParameters: " << err.what()
+              << " (thrown again by the module's next forward or GatheredParameters)" << std::endl;
+    for (auto& s : states) s->defer_error(std::current_exception());
+  } catch (...) {
+    for (auto& s : states) s->defer_error(std::current_exception());
+  }
+}
+
+}  // namespace chorus
+
+namespace chorus::detail {
+
+std::string ShardedState::hold_problem(const std::vector<size_t>& indices) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string held;
+  for (size_t i : indices)
+    if (params_[i].held) held += concat(held.empty() ? "" : ", ", "'", params_[i].name, "'");
+  return held.empty() ? "" : concat("parameter(s) ", held, " are");
+}
+
+void ShardedState::hold(const std::vector<size_t>& indices) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i : indices) {
+    gather_param(i);
+    Param& p = params_[i];
+    p.held = true;
+    p.version_at_hold = int64_t(p.param.unsafeGetTensorImpl()->version_counter().current_version());
+  }
+}
+
+std::string ShardedState::release(const std::vector<size_t>& indices, std::optional<int> modifier_rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  at::NoGradGuard no_grad;
+  std::string edited;
+  if (modifier_rank) {
+    for (size_t i : indices) {
+      Param& p = params_[i];
+      at::Tensor values = p.full.narrow(0, 0, p.numel);
+      group_->broadcast_(values, *modifier_rank);
+      const int64_t begin = std::min<int64_t>(p.numel, rank_ * p.shard_numel);
+      const int64_t end = std::min<int64_t>(p.numel, begin + p.shard_numel);
+      if (end > begin) p.shard.detach().narrow(0, 0, end - begin).copy_(values.narrow(0, begin, end - begin));
+    }
+  } else {
+    at::Tensor changed = at::zeros({int64_t(indices.size())}, at::kByte);
+    for (size_t k = 0; k < indices.size(); ++k) {
+      Param& p = params_[indices[k]];
+      const int64_t version = int64_t(p.param.unsafeGetTensorImpl()->version_counter().current_version());
+      const int64_t begin = std::min<int64_t>(p.numel, rank_ * p.shard_numel);
+      const int64_t end = std::min<int64_t>(p.numel, begin + p.shard_numel);
+      const bool differs =
+          end > begin && !p.full.narrow(0, begin, end - begin).equal(p.shard.detach().narrow(0, 0, end - begin));
+      changed.data_ptr<uint8_t>()[k] = version != p.version_at_hold || differs;
+    }
+    at::Tensor all = group_->all_gather(changed);  // (W, k)
+    for (size_t k = 0; k < indices.size(); ++k) {
+      std::string ranks;
+      for (int r = 0; r < world_; ++r)
+        if (all[r][int64_t(k)].item<uint8_t>()) ranks += concat(ranks.empty() ? "" : ", ", r);
+      if (!ranks.empty())
+        edited +=
+            concat(edited.empty() ? "" : ", ", "parameter '", params_[indices[k]].name, "' (on rank ", ranks, ")");
+    }
+  }
+  for (size_t i : indices) {
+    params_[i].held = false;
+    free_param(i);
+  }
+  return edited;
+}
+
+}  // namespace chorus::detail
