@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <thread>
+
 #include "torch_harness.h"
 
 namespace chorus::test {
@@ -166,6 +168,264 @@ TEST(Sharded, TrainingMatchesDDPAndOneProcessEvenAndUneven) {
         parity(s, units, 16, 15, 8);
         parity(s, units, 7, 15, 3);
       }
+  });
+}
+
+}  // namespace
+}  // namespace chorus::test
+
+namespace chorus::test {
+namespace {
+
+// ---- GatheredParameters ----------------------------------------------------------------------
+
+struct TwoLinears : torch::nn::Module {
+  TwoLinears() {
+    torch::manual_seed(0);
+    l1 = register_module("l1", torch::nn::Linear(10, 10));
+    l2 = register_module("l2", torch::nn::Linear(10, 10));
+  }
+  at::Tensor forward(const at::Tensor& x) { return l2->forward(l1->forward(x)); }
+  torch::nn::Linear l1{nullptr}, l2{nullptr};
+};
+
+// Rank 0's initial values, made the same way as TwoLinears.
+at::Tensor initial_l1_weight() {
+  torch::manual_seed(0);
+  return torch::nn::Linear(10, 10)->weight.detach().clone();
+}
+
+TEST(GatheredParameters, FullValuesInsideNothingFullOutside) {
+  for_worlds({1, 2, 3, 4}, [] {
+    auto model = std::make_shared<TwoLinears>();
+    ShardedDataParallel sdp(model);
+    {
+      GatheredParameters gathered({std::static_pointer_cast<torch::nn::Module>(model)});
+      RANK_CHECK(model->l1->weight.numel() == 100);
+      RANK_CHECK_EQUAL(model->l1->weight.detach().clone(), initial_l1_weight());
+      const int64_t w = default_group()->size();
+      auto padded = [&](int64_t n) { return w * ((n + w - 1) / w); };
+      RANK_CHECK(sdp.memory_stats().full_bytes == 4 * (padded(100) + padded(10) + padded(100) + padded(10)));
+    }
+    RANK_CHECK(sdp.memory_stats().full_bytes == 0, "a full copy outlived GatheredParameters");
+    RANK_EXPECT_THROW(InvalidArgument, (void)model->l1->weight.clone());
+    // Tensors, duplicates and another order: the same gathering.
+    GatheredParameters again({model->l2->weight, model->l1->weight, model->l2->weight});
+    RANK_CHECK(model->l2->weight.sum().item<float>() == model->l2->weight.sum().item<float>());
+    again.exit();
+    again.exit();  // once
+  });
+}
+
+TEST(GatheredParameters, ModifierRanksValuesBecomeEveryonesAndAreResharded) {
+  for_worlds({2, 3}, [] {
+    auto model = std::make_shared<TwoLinears>();
+    ShardedDataParallel sdp(model);
+    const int me = default_group()->rank();
+    {
+      GatheredParameters g({model->l1->weight}, /*modifier_rank=*/1);
+      at::NoGradGuard no_grad;
+      if (me == 1)
+        model->l1->weight.zero_();
+      else
+        model->l1->weight.fill_(7);  // not the modifier: dropped
+    }
+    GatheredParameters g({model->l1->weight});
+    RANK_CHECK_EQUAL(model->l1->weight.detach().clone(), torch::zeros({10, 10}));
+    g.exit();
+    // And training sees it: the shards changed too.
+    for (const auto& item : sdp.named_parameters())
+      if (item.key() == "l1.weight") RANK_CHECK(item.value().abs().sum().item<float>() == 0);
+  });
+}
+
+TEST(GatheredParameters, AnEditWithoutAModifierIsAnErrorOnEveryRank) {
+  for_worlds({1, 2}, [] {
+    auto model = std::make_shared<TwoLinears>();
+    ShardedDataParallel sdp(model);
+    const int me = default_group()->rank(), w = default_group()->size();
+    const at::Tensor before = sdp.parameters()[0].detach().clone();
+    std::string what = RANK_EXPECT_THROW(InvalidArgument, {
+      GatheredParameters g({model->l1->weight, model->l2->weight});
+      at::NoGradGuard no_grad;
+      if (me == w - 1) model->l1->weight.add_(0.0);  // even a no-op edit counts
+      g.exit();
+    });
+    RANK_CHECK(what.find("'l1.weight' (on rank " + std::to_string(w - 1) + ")") != std::string::npos, what);
+    RANK_CHECK(what.find("l2.weight") == std::string::npos, what);
+    RANK_CHECK_EQUAL(sdp.parameters()[0].detach().clone(), before);
+    RANK_CHECK(sdp.memory_stats().full_bytes == 0);
+    // The destructor does not throw: the next forward does.
+    {
+      GatheredParameters g({model->l1->weight});
+      at::NoGradGuard no_grad;
+      model->l1->weight.mul_(2);
+    }
+    what = RANK_EXPECT_THROW(InvalidArgument, sdp.forward([&] { return model->forward(torch::ones({1, 10})); }));
+    RANK_CHECK(what.find("l1.weight") != std::string::npos, what);
+    sdp.forward([&] { return model->forward(torch::ones({1, 10})); });  // thrown once
+  });
+}
+
+TEST(GatheredParameters, DisjointNestingWorksOverlapIsRejectedBeforeAnyCollective) {
+  for_worlds({2}, [] {
+    auto model = std::make_shared<TwoLinears>();
+    ShardedDataParallel sdp(model);
+    GatheredParameters outer({model->l1->weight, model->l1->bias});
+    {
+      GatheredParameters inner({model->l2->weight});
+      RANK_CHECK(model->l2->weight.sum().item<float>() == model->l2->weight.sum().item<float>());
+    }
+    RANK_CHECK(model->l1->weight.numel() == 100 && model->l1->weight.sum().item<float>() != 0);
+    // Overlap: rejected on this rank alone (only rank 0 tries: no collective may be involved).
+    if (default_group()->rank() == 0) {
+      std::string what = RANK_EXPECT_THROW(InvalidArgument, GatheredParameters({model->l1->bias, model->l2->bias}));
+      RANK_CHECK(what.find("'l1.bias'") != std::string::npos && what.find("l2.bias") == std::string::npos, what);
+      RANK_EXPECT_THROW(InvalidArgument, (void)model->l2->bias.clone());  // l2.bias was not gathered
+    }
+    (void)model->l1->weight.clone();  // outer intact
+    outer.exit();
+    RANK_CHECK(sdp.memory_stats().full_bytes == 0);
+  });
+}
+
+TEST(GatheredParameters, DifferentListsAreAMismatchShowingEachRanksList) {
+  for_worlds({2, 3}, [] {
+    auto model = std::make_shared<TwoLinears>();
+    ShardedDataParallel sdp(model);
+    const int me = default_group()->rank();
+    std::vector<at::Tensor> mine = {model->l1->weight};
+    if (me == 1) mine.push_back(model->l2->bias);
+    std::string what = RANK_EXPECT_THROW(CollectiveMismatch, GatheredParameters g(mine));
+    RANK_CHECK(what.find("rank 0: [l1.weight]") != std::string::npos, what);
+    RANK_CHECK(what.find("rank 1: [l1.weight, l2.bias]") != std::string::npos, what);
+    RANK_CHECK(sdp.memory_stats().full_bytes == 0);
+  });
+}
+
+TEST(GatheredParameters, ARankThatNeverEntersIsNamedAtTheDeadline) {
+  run_world(
+      3,
+      [] {
+        auto model = std::make_shared<TwoLinears>();
+        ShardedDataParallel sdp(model);
+        if (default_group()->rank() == 2) {  // alive, but never enters
+          std::this_thread::sleep_for(std::chrono::seconds(4));
+          return;
+        }
+        try {
+          GatheredParameters g({model->l1->weight});
+          throw std::runtime_error("GatheredParameters did not time out");
+        } catch (const TimeoutError& e) {
+          RANK_CHECK(e.missing_ranks() == std::vector<int>{2}, e.what());
+        }
+      },
+      std::chrono::seconds(2));
+}
+
+TEST(GatheredParameters, NoOpsWithoutShardsAndDisabledAndDuringForwardIsAnError) {
+  for_worlds({1, 2}, [] {
+    const int me = default_group()->rank();
+    // A plain module: a no-op, values as they are.
+    auto plain = std::make_shared<TwoLinears>();
+    {
+      GatheredParameters g({std::static_pointer_cast<torch::nn::Module>(plain)}, 0);
+      RANK_CHECK_EQUAL(plain->l1->weight.detach().clone(), initial_l1_weight());
+    }
+    // enabled = false: nothing, no communication (only rank 0 makes one).
+    auto model = std::make_shared<TwoLinears>();
+    ShardedDataParallel sdp(model);
+    if (me == 0) GatheredParameters({model->l1->weight}, std::nullopt, /*enabled=*/false).exit();
+    RANK_EXPECT_THROW(InvalidArgument, (void)model->l1->weight.clone());
+    // During forward: rejected.
+    std::string what = RANK_EXPECT_THROW(InvalidArgument, sdp.forward([&] {
+      GatheredParameters g({model->l1->weight});
+      return 0;
+    }));
+    RANK_CHECK(what.find("during") != std::string::npos, what);
+    // DDP: the modifier's values are broadcast on exit, so replicas stay equal.
+    auto replicated = std::make_shared<TwoLinears>();
+    DistributedDataParallel ddp(replicated);
+    {
+      GatheredParameters g({replicated->l1->weight}, 0);
+      at::NoGradGuard no_grad;
+      replicated->l1->weight.fill_(float(me + 1));
+    }
+    RANK_CHECK_EQUAL(replicated->l1->weight.detach().clone(), torch::ones({10, 10}));
+  });
+}
+
+// ---- no_sync and memory ------------------------------------------------------------------------
+
+TEST(Sharded, NoSyncAccumulatesLocallyThenReducesTheSum) {
+  for_worlds({2, 3}, [] {
+    const int w = default_group()->size(), me = default_group()->rank(), b = 2, k = 3;
+    for (ShardingStrategy s : kStrategies) {
+      auto model = make_mlp(8, 12, 4), ref = make_mlp(8, 12, 4);
+      ShardedDataParallel sdp(model.ptr(), {.strategy = s});
+      torch::optim::SGD opt(sdp.parameters(), 0.1), ref_opt(ref->parameters(), 0.1);
+      for (int micro = 0; micro < k; ++micro) {
+        auto [x, y] = global_batch(micro, w, b, 8, 4);
+        auto guard = micro + 1 < k ? sdp.no_sync() : NoSyncGuard(static_cast<ShardedDataParallel*>(nullptr));
+        sdp.forward([&] { return torch::mse_loss(model->forward(x.narrow(0, me * b, b)), y.narrow(0, me * b, b)); })
+            .backward();
+        torch::mse_loss(ref->forward(x), y).backward();
+        if (micro + 1 < k && s != ShardingStrategy::NoShard)
+          RANK_CHECK(!sdp.parameters()[0].grad().defined(), "no_sync reduced something");
+      }
+      opt.step();
+      ref_opt.step();
+      auto full = sdp.full_state_dict();
+      for (const auto& item : ref->named_parameters()) {
+        at::Tensor t = me == 0 ? full[item.key()] : at::empty_like(item.value());
+        default_group()->broadcast_(t, 0);
+        RANK_CHECK((t - item.value()).abs().max().item<double>() <= 1e-5, name_of(s), " ", item.key());
+      }
+    }
+  });
+}
+
+// Model-state bytes actually held per rank (shards, their gradients, Adam's state), against 16 Psi / W.
+TEST(Sharded, FullShardHoldsSixteenBytesPerParameterOverW) {
+  for_worlds({1, 2, 4}, [] {
+    const int w = default_group()->size();
+    torch::manual_seed(0);
+    torch::nn::Sequential model;
+    for (int i = 0; i < 6; ++i) model->push_back(torch::nn::Linear(128, 128));
+    int64_t psi = 0, largest = 0;
+    for (const auto& child : model->children()) {
+      int64_t n = 0;
+      for (const auto& p : child->parameters()) n += p.numel();
+      largest = std::max(largest, n);
+    }
+    for (const auto& p : model->parameters()) psi += p.numel();
+    ShardedDataParallel sdp(model.ptr(), {.units = units_of_size(model.ptr(), 1)});
+    RANK_CHECK(sdp.unit_layout().size() == 7, "root + 6 Linear units, got ", sdp.unit_layout().size());
+    torch::optim::Adam opt(sdp.parameters(), 1e-3);
+    sdp.reset_peak_memory();
+    for (int step = 0; step < 2; ++step) {
+      opt.zero_grad();
+      sdp.forward([&] { return model->forward(torch::ones({4, 128})).sum(); }).backward();
+      opt.step();
+    }
+    int64_t optimizer_bytes = 0;
+    for (const auto& p : sdp.parameters()) {
+      auto& state =
+          static_cast<torch::optim::AdamParamState&>(*opt.state().at(c10::guts::to_string(p.unsafeGetTensorImpl())));
+      optimizer_bytes += (state.exp_avg().numel() + state.exp_avg_sq().numel()) * 4;
+    }
+    auto m = sdp.memory_stats();
+    const int64_t held = m.shard_bytes + m.shard_grad_bytes + optimizer_bytes;
+    const int64_t padding = 12 * w * 16;  // < W padding elements per tensor, 16 bytes each
+    RANK_CHECK(held <= 16 * psi / w + padding && held >= 16 * psi / w, "held ", held,
+               " bytes, 16 Psi / W = ", 16 * psi / w);
+    RANK_CHECK(m.full_bytes == 0 && m.full_grad_bytes == 0, "full copies left after the step");
+    // Transients: full parameters of the current and the prefetched unit, the current unit's full
+    // gradients and its reduction buffer: at most 4 units' worth (plus padding), never the whole
+    // model's parameters and gradients.
+    RANK_CHECK(m.peak_transient_bytes <= 4 * 4 * largest + padding, "peak transient ", m.peak_transient_bytes,
+               " bytes, largest unit ", 4 * largest);
+    RANK_CHECK(m.peak_transient_bytes < 8 * psi, "the peak held the whole model at once: ", m.peak_transient_bytes);
   });
 }
 

@@ -11,13 +11,13 @@
 
 namespace chorus::test {
 
-void run_world(int world, const std::function<void()>& body) {
+void run_world(int world, const std::function<void()>& body, std::chrono::milliseconds timeout) {
   SCOPED_TRACE(detail::concat("world size ", world));
   expect_all_ok(run_ranks(world, [&](RankContext& ctx) {
     for (const auto& [k, v] : launcher_environment(single_node(ctx.rank, world, ctx.store_port, "torch-test")))
       setenv(k.c_str(), v.c_str(), 1);
     at::set_num_threads(1);
-    init_process_group({.timeout = std::chrono::seconds(60)});
+    init_process_group({.timeout = timeout});
     body();
     destroy_process_group();
   }));

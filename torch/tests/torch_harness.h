@@ -4,6 +4,7 @@
 
 #include <chorus/chorus.h>
 
+#include <chrono>
 #include <functional>
 #include <initializer_list>
 
@@ -11,9 +12,11 @@
 
 namespace chorus::test {
 
-// Forks `world` ranks; each sets the launcher variables, calls init_process_group, runs body,
-// and destroys the group. Reports failures per rank as gtest failures.
-void run_world(int world, const std::function<void()>& body);
+// Forks `world` ranks; each sets the launcher variables, calls init_process_group (with
+// `timeout` as every call's deadline), runs body, and destroys the group. Reports failures per
+// rank as gtest failures.
+void run_world(int world, const std::function<void()>& body,
+               std::chrono::milliseconds timeout = std::chrono::seconds(60));
 // run_world for each world size.
 void for_worlds(std::initializer_list<int> worlds, const std::function<void()>& body);
 
