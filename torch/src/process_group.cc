@@ -123,6 +123,33 @@ Prepared all_gather_body(Communicator& comm, const at::Tensor& t) {
   return {{out}, [&comm, b, out] { comm.all_gather(b.data(), data_of(out), b.count, b.dtype); }};
 }
 
+// all_gather_into / reduce_scatter_into: the caller's `out` must be contiguous, of t's dtype, and
+// size() times t's elements (all_gather) or t's elements over size() (reduce_scatter).
+std::string into_problem(const at::Tensor& out, const at::Tensor& t, int64_t want) {
+  if (auto why = detail::tensor_problem(out); !why.empty()) return concat("out: ", why);
+  if (!out.is_contiguous()) return concat("out must be contiguous, not ", detail::describe(out));
+  if (out.scalar_type() != t.scalar_type() || out.numel() != want)
+    return concat("out is ", detail::describe(out), " but must hold ", want, " elements of ",
+                  c10::toString(t.scalar_type()));
+  return "";
+}
+
+Prepared all_gather_into_body(Communicator& comm, at::Tensor& out, const at::Tensor& t) {
+  Buffer b = input(comm, t, "all_gather_into");
+  if (auto why = into_problem(out, t, t.numel() * comm.size()); !why.empty()) comm.reject("all_gather_into", why);
+  return {{}, [&comm, b, out] { comm.all_gather(b.data(), data_of(out), b.count, b.dtype); }};
+}
+
+Prepared reduce_scatter_into_body(Communicator& comm, at::Tensor& out, const at::Tensor& t, ReduceOp op) {
+  Buffer b = input(comm, t, "reduce_scatter_into", op);
+  std::string why = t.numel() % comm.size() ? concat("the tensor's ", t.numel(),
+                                                     " elements are not a multiple of the group size ", comm.size())
+                                            : into_problem(out, t, t.numel() / comm.size());
+  if (!why.empty()) comm.reject("reduce_scatter_into", why);
+  const size_t count = b.count / size_t(comm.size());
+  return {{}, [&comm, b, out, count, op] { comm.reduce_scatter(b.data(), data_of(out), count, b.dtype, op); }};
+}
+
 Prepared gather_body(Communicator& comm, const at::Tensor& t, int dst) {
   Buffer b = input(comm, t, "gather");
   at::Tensor out;
@@ -272,6 +299,12 @@ at::Tensor ProcessGroup::scatter(const std::optional<at::Tensor>& stacked, int s
 at::Tensor ProcessGroup::reduce_scatter(const at::Tensor& t, ReduceOp op) {
   return run_now(reduce_scatter_body(*comm_, t, op))[0];
 }
+void ProcessGroup::all_gather_into(at::Tensor& out, const at::Tensor& t) {
+  run_now(all_gather_into_body(*comm_, out, t));
+}
+void ProcessGroup::reduce_scatter_into(at::Tensor& out, const at::Tensor& t, ReduceOp op) {
+  run_now(reduce_scatter_into_body(*comm_, out, t, op));
+}
 at::Tensor ProcessGroup::all_to_all(const at::Tensor& t) { return run_now(all_to_all_body(*comm_, t))[0]; }
 void ProcessGroup::barrier(std::optional<std::chrono::milliseconds> timeout) { comm_->barrier(timeout); }
 
@@ -298,6 +331,12 @@ std::shared_ptr<TensorWork> ProcessGroup::scatter_async(const std::optional<at::
 }
 std::shared_ptr<TensorWork> ProcessGroup::reduce_scatter_async(const at::Tensor& t, ReduceOp op) {
   return submit(*comm_, reduce_scatter_body(*comm_, t, op));
+}
+std::shared_ptr<TensorWork> ProcessGroup::all_gather_into_async(at::Tensor& out, const at::Tensor& t) {
+  return submit(*comm_, all_gather_into_body(*comm_, out, t));
+}
+std::shared_ptr<TensorWork> ProcessGroup::reduce_scatter_into_async(at::Tensor& out, const at::Tensor& t, ReduceOp op) {
+  return submit(*comm_, reduce_scatter_into_body(*comm_, out, t, op));
 }
 std::shared_ptr<TensorWork> ProcessGroup::all_to_all_async(const at::Tensor& t) {
   return submit(*comm_, all_to_all_body(*comm_, t));

@@ -74,6 +74,11 @@ class ProcessGroup {
   at::Tensor reduce_scatter(const at::Tensor& t, ReduceOp op = ReduceOp::Sum);
   // t: (size() * n, ...); block q goes to rank q; block p of the result came from rank p.
   at::Tensor all_to_all(const at::Tensor& t);
+  // Into the caller's tensor (torch's all_gather_into_tensor / reduce_scatter_tensor): `out` is
+  // contiguous, of t's dtype, with size() * t.numel() elements (rank r's t at r * t.numel()), or,
+  // for reduce_scatter_into, t.numel() / size() elements (this rank's block of the reduction).
+  void all_gather_into(at::Tensor& out, const at::Tensor& t);
+  void reduce_scatter_into(at::Tensor& out, const at::Tensor& t, ReduceOp op = ReduceOp::Sum);
   // Point to point (not collective): messages from one rank to another match in order, and the
   // receiver's tensor must have the sender's dtype and element count.
   void send(const at::Tensor& t, int dst, int tag = 0);
@@ -94,6 +99,9 @@ class ProcessGroup {
   std::shared_ptr<TensorWork> scatter_async(const std::optional<at::Tensor>& stacked_on_src, int src);
   std::shared_ptr<TensorWork> reduce_scatter_async(const at::Tensor& t, ReduceOp op = ReduceOp::Sum);
   std::shared_ptr<TensorWork> all_to_all_async(const at::Tensor& t);
+  std::shared_ptr<TensorWork> all_gather_into_async(at::Tensor& out, const at::Tensor& t);
+  std::shared_ptr<TensorWork> reduce_scatter_into_async(at::Tensor& out, const at::Tensor& t,
+                                                        ReduceOp op = ReduceOp::Sum);
   std::shared_ptr<TensorWork> send_async(const at::Tensor& t, int dst, int tag = 0);
   std::shared_ptr<TensorWork> recv_async(at::Tensor& t, int src, int tag = 0);
   std::shared_ptr<TensorWork> barrier_async();

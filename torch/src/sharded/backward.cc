@@ -1,11 +1,11 @@
 // Note [Sharded backward]
 // Autograd accumulates each parameter's full gradient into the module tensor's .grad, as for any
 // leaf; a post-hook on its AccumulateGrad tells the state it arrived. When every parameter of a
-// unit that wants a gradient has one, the unit's reduction starts: the full gradients are copied
-// rank-major into one buffer (rank r's block holds every parameter's elements [r*S, (r+1)*S),
-// zero-padded), the .grad tensors are dropped, FullShard frees the unit's parameters, and a
-// reduce-scatter (sum) is queued on the group's executor, where it runs while autograd goes on
-// with the units before. Reductions start strictly in reduction order (the reverse of forward's,
+// unit that wants a gradient has one, the unit's reduction starts: per parameter, a reduce-scatter
+// (sum) of its gradient seen as W blocks of S elements (the gradient itself when N = W * S, else a
+// zero-padded copy) into a block of S, queued on the group's executor, where it runs while
+// autograd goes on with the units before. The .grad tensors are dropped and FullShard frees the
+// unit's parameters. Reductions start strictly in reduction order (the reverse of forward's,
 // then the units forward did not use), whatever order a rank's gradients come in, so every rank
 // queues the same collectives.
 //
@@ -61,30 +61,31 @@ void ShardedState::launch_reduction(size_t u) {
   Unit& unit = units_[u];
   if (unit.launched) return;
   unit.launched = true;
-  if (sync_ && !unit.reduced.empty()) {
+  if (sync_) {
     at::NoGradGuard no_grad;
-    int64_t block = 0;
-    for (size_t i : unit.reduced) block += params_[i].shard_numel;
-    const at::Tensor& first = params_[unit.reduced.front()].shard;
-    at::Tensor flat = at::zeros({world_ * block}, first.options().requires_grad(false));
-    int64_t offset = 0;
+    int64_t in_flight = 0;
     for (size_t i : unit.reduced) {
       Param& p = params_[i];
+      const int64_t padded = world_ * p.shard_numel;
       at::Tensor grad = p.param.grad();
-      if (grad.defined()) {
-        at::Tensor g = grad.reshape({-1});
-        for (int r = 0; r < world_; ++r) {
-          const int64_t begin = std::min<int64_t>(p.numel, r * p.shard_numel);
-          const int64_t end = std::min<int64_t>(p.numel, begin + p.shard_numel);
-          if (end > begin) flat.narrow(0, r * block + offset, end - begin).copy_(g.narrow(0, begin, end - begin));
+      at::Tensor in;
+      if (grad.defined() && grad.numel() == padded && grad.is_contiguous()) {
+        in = grad.reshape({-1});  // already W blocks of S: no copy (the work keeps it alive)
+      } else {
+        in = p.reduce_in = take_buffer(padded, p.shard.options());
+        if (grad.defined()) {
+          in.narrow(0, 0, p.numel).copy_(grad.reshape({-1}));
+          in.narrow(0, p.numel, padded - p.numel).zero_();
+        } else {
+          in.zero_();  // no gradient in this backward: it counts as zero
         }
-        p.param.mutable_grad().reset();
       }
-      offset += p.shard_numel;
+      p.param.mutable_grad().reset();
+      p.reduce_out = take_buffer(p.shard_numel, p.shard.options());
+      p.reduction = group_->reduce_scatter_into_async(p.reduce_out, in, ReduceOp::Sum);
+      in_flight += (padded + p.shard_numel) * int64_t(p.shard.element_size());
     }
-    unit.reduction = group_->reduce_scatter_async(flat, ReduceOp::Sum);
-    peak_transient_ =
-        std::max(peak_transient_, full_bytes_ + full_grad_bytes_ + flat.numel() * int64_t(flat.element_size()));
+    peak_transient_ = std::max(peak_transient_, full_bytes_ + full_grad_bytes_ + in_flight);
   }
   if (strategy_ == ShardingStrategy::FullShard) free_unit(u);
   account();
@@ -101,29 +102,29 @@ void ShardedState::finalize_backward() {
   }
   at::NoGradGuard no_grad;
   for (size_t u : reduction_order_) {
-    Unit& unit = units_[u];
-    if (!unit.reduction) continue;
-    auto work = std::move(unit.reduction);
-    unit.reduction.reset();
-    at::Tensor block;
-    try {
-      block = work->result().at(0);
-    } catch (...) {
-      if (!error) error = std::current_exception();
-      continue;
-    }
-    if (error) continue;
-    block.div_(world_);  // the one division that makes the sum a mean
-    int64_t offset = 0;
-    for (size_t i : unit.reduced) {
+    for (size_t i : units_[u].reduced) {
       Param& p = params_[i];
-      at::Tensor g = block.narrow(0, offset, p.shard_numel);
+      if (!p.reduction) continue;
+      auto work = std::move(p.reduction);
+      p.reduction.reset();
+      try {
+        work->wait();
+      } catch (...) {
+        if (!error) error = std::current_exception();
+      }
+      at::Tensor block = std::move(p.reduce_out);
+      p.reduce_out.reset();
+      give_back(std::move(p.reduce_in));  // a padded copy (a gradient used as it was is not ours)
+      p.reduce_in.reset();
+      if (error) continue;
+      block.div_(world_);  // the one division that makes the sum a mean
       at::Tensor& grad = p.shard.mutable_grad();
-      if (grad.defined())
-        grad.add_(g);
-      else
-        grad = g.clone();
-      offset += p.shard_numel;
+      if (grad.defined()) {
+        grad.add_(block);
+        give_back(std::move(block));
+      } else {
+        grad = block;
+      }
     }
   }
   for (size_t u = 0; u < units_.size(); ++u) free_unit(u);
@@ -138,7 +139,6 @@ void ShardedState::reset_backward() {
   for (auto& u : units_) {
     u.ready = 0;
     u.launched = false;
-    u.reduction.reset();
   }
   next_reduction_ = 0;
   finalize_queued_ = false;

@@ -129,6 +129,13 @@ void ShardedState::shard(torch::nn::Module& module, const std::vector<std::share
     hooks_.emplace_back(std::move(acc), key);
   }
   seen_in_forward_.assign(units_.size(), 0);
+  int64_t largest = 0;
+  for (const auto& u : units_) {
+    int64_t b = 0;
+    for (size_t i : u.params) b += world_ * params_[i].shard_numel * int64_t(params_[i].shard.element_size());
+    largest = std::max(largest, b);
+  }
+  spare_limit_ = 3 * largest;
 }
 
 bool ShardedState::busy() const {
@@ -212,7 +219,8 @@ void ShardedState::prefetch_unit(size_t u) {
   for (size_t i : units_[u].params) {
     Param& p = params_[i];
     if (p.full.defined() || p.gathering) continue;
-    p.gathering = group_->all_gather_async(p.shard.detach());
+    p.incoming = take_buffer(world_ * p.shard_numel, p.shard.options());
+    p.gathering = group_->all_gather_into_async(p.incoming, p.shard.detach());
   }
 }
 
@@ -223,15 +231,16 @@ void ShardedState::free_unit(size_t u) {
 void ShardedState::gather_param(size_t i) {
   Param& p = params_[i];
   if (p.full.defined()) return;
-  at::Tensor stacked;
   if (p.gathering) {
     auto work = std::move(p.gathering);
     p.gathering.reset();
-    stacked = work->result().at(0);
+    p.full = std::move(p.incoming);
+    p.incoming.reset();
+    work->wait();
   } else {
-    stacked = group_->all_gather(p.shard.detach());
+    p.full = take_buffer(world_ * p.shard_numel, p.shard.options());
+    group_->all_gather_into(p.full, p.shard.detach());
   }
-  p.full = stacked.reshape({-1});
   fill_storage(*p.storage, p.full.data_ptr(), size_t(p.numel) * p.full.element_size());
   account();
 }
@@ -242,11 +251,36 @@ void ShardedState::free_param(size_t i) {
   if (p.gathering) {  // a prefetch nobody used: let it land, then drop it
     p.gathering->wait();
     p.gathering.reset();
+    give_back(std::move(p.incoming));
   }
   if (!p.full.defined()) return;
   fill_storage(*p.storage, nullptr, 0);
+  give_back(std::move(p.full));
   p.full.reset();
   account();
+}
+
+at::Tensor ShardedState::take_buffer(int64_t numel, const at::TensorOptions& options) {
+  for (size_t k = 0; k < spare_.size(); ++k) {
+    if (spare_[k].numel() != numel || spare_[k].scalar_type() != options.dtype().toScalarType()) continue;
+    at::Tensor t = std::move(spare_[k]);
+    spare_.erase(spare_.begin() + long(k));
+    spare_bytes_ -= bytes_of(t);
+    return t;
+  }
+  return at::empty({numel}, options.requires_grad(false));
+}
+
+void ShardedState::give_back(at::Tensor t) {
+  if (!t.defined()) return;
+  const int64_t b = bytes_of(t);
+  while (!spare_.empty() && spare_bytes_ + b > spare_limit_) {  // the oldest go first
+    spare_bytes_ -= bytes_of(spare_.front());
+    spare_.erase(spare_.begin());
+  }
+  if (b > spare_limit_) return;
+  spare_bytes_ += b;
+  spare_.push_back(std::move(t));
 }
 
 void ShardedState::account() {
@@ -295,6 +329,7 @@ ShardedDataParallel::MemoryStats ShardedState::memory_stats() const {
     m.full_grad_bytes += bytes_of(p.param.grad());
   }
   m.peak_transient_bytes = std::max(peak_transient_, m.full_bytes + m.full_grad_bytes);
+  m.cached_bytes = spare_bytes_;
   return m;
 }
 

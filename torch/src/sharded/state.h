@@ -24,7 +24,10 @@ class ShardedState : public std::enable_shared_from_this<ShardedState> {
     int64_t numel = 0, shard_numel = 0;            // N and S = ceil(N / W)
     at::Tensor shard;                              // this rank's S elements (a leaf: the optimizer's)
     at::Tensor full;                               // W * S gathered elements while the storage shows them
-    std::shared_ptr<TensorWork> gathering;         // a prefetch in flight
+    at::Tensor incoming;                           // where a prefetch in flight lands
+    std::shared_ptr<TensorWork> gathering;         // that prefetch
+    at::Tensor reduce_in, reduce_out;              // this backward's reduction: padded full gradient, shard
+    std::shared_ptr<TensorWork> reduction;
     size_t unit = 0;
     bool held = false;   // by a GatheredParameters
     bool ready = false;  // its gradient arrived in this backward
@@ -94,6 +97,10 @@ class ShardedState : public std::enable_shared_from_this<ShardedState> {
   void launch_ready_reductions();
   void launch_reduction(size_t u);
   void reset_backward();
+  // Buffers for full parameters and reductions, reused across steps (a fresh allocation of this
+  // size is a fresh mapping: page faults on every step).
+  at::Tensor take_buffer(int64_t numel, const at::TensorOptions& options);
+  void give_back(at::Tensor t);
 
   std::shared_ptr<ProcessGroup> group_;
   const uint64_t id_;
@@ -118,6 +125,8 @@ class ShardedState : public std::enable_shared_from_this<ShardedState> {
   std::exception_ptr deferred_;
 
   int64_t full_bytes_ = 0, full_grad_bytes_ = 0, peak_transient_ = 0;
+  std::vector<at::Tensor> spare_;
+  int64_t spare_bytes_ = 0, spare_limit_ = 0;
 };
 
 }  // namespace chorus::detail
