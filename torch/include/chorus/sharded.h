@@ -104,7 +104,7 @@ class ShardedDataParallel {
     int64_t shard_bytes = 0, shard_grad_bytes = 0;
     int64_t full_bytes = 0, full_grad_bytes = 0;  // now
     int64_t peak_transient_bytes = 0;             // peak of full_bytes + full_grad_bytes + reduction buffers
-    int64_t cached_bytes = 0;  // freed full-size buffers kept for the next step (at most 3 of the largest unit)
+    int64_t cached_bytes = 0;  // freed full-size buffers kept for the next step (at most 2 of the largest unit)
   };
   MemoryStats memory_stats() const;
   void reset_peak_memory();

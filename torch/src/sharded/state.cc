@@ -135,7 +135,7 @@ void ShardedState::shard(torch::nn::Module& module, const std::vector<std::share
     for (size_t i : u.params) b += world_ * params_[i].shard_numel * int64_t(params_[i].shard.element_size());
     largest = std::max(largest, b);
   }
-  spare_limit_ = 3 * largest;
+  spare_limit_ = 2 * largest;  // the unit in use and the one prefetched
 }
 
 bool ShardedState::busy() const {
