@@ -101,8 +101,9 @@ Fabric::Fabric(FabricOptions options) : options_(std::move(options)) {
   if (options_.accelerator != "cpu" && options_.accelerator != "auto")
     throw InvalidArgument(concat("Fabric: accelerator '", options_.accelerator,
                                  "' is not available: this build of chorus drives CPUs (use \"cpu\")"));
-  if (options_.strategy != "ddp" && options_.strategy != "auto")
-    throw InvalidArgument(concat("Fabric: strategy '", options_.strategy, "' is not supported (use \"ddp\")"));
+  if (options_.strategy != "ddp" && options_.strategy != "auto" && options_.strategy != "fsdp")
+    throw InvalidArgument(
+        concat("Fabric: strategy '", options_.strategy, "' is not supported (use \"ddp\" or \"fsdp\")"));
   if (options_.devices < 1) throw InvalidArgument(concat("Fabric: devices must be >= 1, not ", options_.devices));
   if (options_.num_nodes < 1) throw InvalidArgument(concat("Fabric: num_nodes must be >= 1, not ", options_.num_nodes));
   env_ = Environment::detect();
@@ -201,11 +202,22 @@ void Fabric::rank_zero_first(const std::function<void()>& fn, bool local) {
   detail::leaders_first(g, g.rank() == 0, fn, local ? "rank_zero_first(local)" : "rank_zero_first");
 }
 
+bool Fabric::set_up(const std::shared_ptr<torch::nn::Module>& module) const {
+  for (auto& w : wrapped_)
+    if (w->module_ptr() == module) return true;
+  for (auto& w : sharded_)
+    if (w->module_ptr() == module) return true;
+  return false;
+}
+
 DistributedDataParallel& Fabric::setup(std::shared_ptr<torch::nn::Module> module, DDPOptions options) {
   if (!is_initialized()) throw InvalidArgument("Fabric::setup: call fabric.launch() first");
-  for (auto& w : wrapped_)
-    if (w->module_ptr() == module)
-      throw InvalidArgument("Fabric::setup: this module is already set up; use the wrapper it returned");
+  if (options_.strategy == "fsdp")
+    throw InvalidArgument(
+        "Fabric::setup: under strategy \"fsdp\" call fabric.setup_module(module): it returns the "
+        "ShardedDataParallel, whose parameters() the optimizer takes");
+  if (set_up(module))
+    throw InvalidArgument("Fabric::setup: this module is already set up; use the wrapper it returned");
   wrapped_.push_back(std::make_unique<DistributedDataParallel>(std::move(module), std::move(options)));
   return *wrapped_.back();
 }
@@ -222,9 +234,28 @@ NoSyncGuard Fabric::no_backward_sync(DistributedDataParallel& module, bool enabl
       "Fabric::no_backward_sync: this module was not set up by this Fabric: call fabric.setup(module) first");
 }
 
+ShardedDataParallel& Fabric::setup_module(std::shared_ptr<torch::nn::Module> module, ShardedOptions options) {
+  if (!is_initialized()) throw InvalidArgument("Fabric::setup_module: call fabric.launch() first");
+  if (!module) throw InvalidArgument("Fabric::setup_module: the module is null");
+  if (set_up(module))
+    throw InvalidArgument("Fabric::setup_module: this module is already set up; use the object it returned");
+  if (options_.strategy != "fsdp") options.strategy = ShardingStrategy::NoShard;
+  sharded_.push_back(std::make_unique<ShardedDataParallel>(std::move(module), std::move(options)));
+  return *sharded_.back();
+}
+
+NoSyncGuard Fabric::no_backward_sync(ShardedDataParallel& module, bool enabled) {
+  for (auto& w : sharded_)
+    if (w.get() == &module) return NoSyncGuard(enabled ? &module : nullptr);
+  throw InvalidArgument(
+      "Fabric::no_backward_sync: this module was not set up by this Fabric: call fabric.setup_module(module) first");
+}
+
 NoSyncGuard Fabric::no_backward_sync(const torch::nn::Module& module, bool enabled) {
   for (auto& w : wrapped_)
     if (&w->module() == &module) return NoSyncGuard(enabled ? w.get() : nullptr);
+  for (auto& w : sharded_)
+    if (&w->module() == &module) return NoSyncGuard(enabled ? w.get() : static_cast<ShardedDataParallel*>(nullptr));
   throw InvalidArgument(
       "Fabric::no_backward_sync: this module was not set up by this Fabric: call fabric.setup(module) first");
 }

@@ -431,3 +431,77 @@ TEST(Sharded, FullShardHoldsSixteenBytesPerParameterOverW) {
 
 }  // namespace
 }  // namespace chorus::test
+
+namespace chorus::test {
+namespace {
+
+// Fabric(strategy = "fsdp"): setup_module shards, no_backward_sync accumulates; under "ddp" the
+// same loop keeps replicas. Either way it matches one process on the global batch.
+TEST(Sharded, FabricFsdpAndDdpRunTheSameLoop) {
+  for_worlds({2, 3}, [] {
+    const int w = default_group()->size(), me = default_group()->rank(), b = 2, k = 2;
+    for (const char* strategy : {"fsdp", "ddp"}) {
+      Fabric fabric({.strategy = strategy});
+      auto model = make_mlp(8, 12, 4), ref = make_mlp(8, 12, 4);
+      auto& sharded = fabric.setup_module(model);
+      RANK_CHECK((sharded.strategy() == ShardingStrategy::FullShard) == (std::string(strategy) == "fsdp"));
+      if (std::string(strategy) == "fsdp") {
+        std::string what = RANK_EXPECT_THROW(InvalidArgument, fabric.setup(make_mlp(8, 12, 4).ptr()));
+        RANK_CHECK(what.find("setup_module") != std::string::npos, what);
+      }
+      RANK_EXPECT_THROW(InvalidArgument, fabric.setup_module(model));  // twice
+      torch::optim::Adam opt(sharded.parameters(), 1e-2), ref_opt(ref->parameters(), 1e-2);
+      for (int step = 0; step < 3; ++step) {
+        auto [x, y] = global_batch(step, w * k, b, 8, 4);
+        opt.zero_grad();
+        for (int j = 0; j < k; ++j) {
+          auto guard = fabric.no_backward_sync(sharded, /*enabled=*/j < k - 1);
+          const int64_t at = (j * w + me) * b;
+          sharded.forward([&] { return torch::mse_loss(model->forward(x.narrow(0, at, b)), y.narrow(0, at, b)) / k; })
+              .backward();
+        }
+        opt.step();
+        ref_opt.zero_grad();
+        torch::mse_loss(ref->forward(x), y).backward();
+        ref_opt.step();
+      }
+      auto full = sharded.full_state_dict();
+      for (const auto& item : ref->named_parameters()) {
+        at::Tensor t = me == 0 ? full[item.key()] : at::empty_like(item.value());
+        default_group()->broadcast_(t, 0);
+        RANK_CHECK((t - item.value()).abs().max().item<double>() <= 1e-5, strategy, " ", item.key());
+      }
+      auto guard = fabric.no_backward_sync(*model);  // by the module, too
+    }
+  });
+}
+
+TEST(Sharded, BadSetupsAreNamed) {
+  for_worlds({1, 2}, [] {
+    RANK_EXPECT_THROW(InvalidArgument, ShardedDataParallel(std::shared_ptr<torch::nn::Module>()));
+    auto model = make_mlp(4, 4, 2), other = make_mlp(4, 4, 2);
+    std::string what = RANK_EXPECT_THROW(InvalidArgument, ShardedDataParallel(model.ptr(), {.units = {other->ptr(0)}}));
+    RANK_CHECK(what.find("not a submodule") != std::string::npos, what);
+    ShardedDataParallel sdp(model.ptr());
+    // forward inside forward, and backward state: named.
+    what = RANK_EXPECT_THROW(InvalidArgument, sdp.forward([&] { return sdp.forward([&] { return 1; }); }));
+    RANK_CHECK(what.find("already inside forward") != std::string::npos, what);
+    // An exception inside fn ends the forward: the module is usable again, with no full copy left.
+    RANK_EXPECT_THROW(std::runtime_error, sdp.forward([&]() -> int {
+      (void)model->forward(torch::ones({1, 4}));
+      throw std::runtime_error("user error");
+    }));
+    RANK_CHECK(sdp.memory_stats().full_bytes == 0);
+    at::Tensor y = sdp.forward([&] { return model->forward(torch::ones({1, 4})); });
+    RANK_CHECK(y.sizes() == at::IntArrayRef({1, 2}));
+    // Without grad: nothing kept for a backward.
+    {
+      at::NoGradGuard no_grad;
+      sdp.forward([&] { return model->forward(torch::ones({1, 4})); });
+    }
+    RANK_CHECK(sdp.memory_stats().full_bytes == 0);
+  });
+}
+
+}  // namespace
+}  // namespace chorus::test

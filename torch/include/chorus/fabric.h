@@ -16,6 +16,7 @@
 
 #include "chorus/ddp.h"
 #include "chorus/process_group.h"
+#include "chorus/sharded.h"
 
 namespace torch::optim {
 class Optimizer;
@@ -27,7 +28,7 @@ struct FabricOptions {
   std::string accelerator = "cpu";  // "cpu" (or "auto"): this build drives CPUs only
   int devices = 1;                  // processes on this machine when no launcher started us
   int num_nodes = 1;
-  std::string strategy = "ddp";
+  std::string strategy = "ddp";  // "ddp" (or "auto"), or "fsdp": sharded data parallel (setup_module)
   std::string backend = "auto";
   std::chrono::milliseconds timeout = std::chrono::minutes(30);
 };
@@ -99,9 +100,20 @@ class Fabric {
   DistributedDataParallel& setup(Holder& module, DDPOptions options = {}) {
     return setup(std::static_pointer_cast<torch::nn::Module>(module.ptr()), std::move(options));
   }
+  // Collective (after launch): Lightning's setup_module. Under strategy "fsdp", shards the module
+  // (ShardedDataParallel with `options`, FullShard unless they say otherwise); under "ddp", keeps
+  // replicas (the same class, NoShard), so one training loop serves both. Build the optimizer
+  // after it, over the returned object's parameters(); call the module through its forward().
+  ShardedDataParallel& setup_module(std::shared_ptr<torch::nn::Module> module, ShardedOptions options = {});
+  template <class Holder>
+  requires requires(Holder h) { h.ptr(); }
+  ShardedDataParallel& setup_module(Holder& module, ShardedOptions options = {}) {
+    return setup_module(std::static_pointer_cast<torch::nn::Module>(module.ptr()), std::move(options));
+  }
   // While the guard lives, backward passes of this set-up module accumulate gradients locally;
   // a no-op guard when not enabled. InvalidArgument for a module this Fabric did not set up.
   NoSyncGuard no_backward_sync(DistributedDataParallel& module, bool enabled = true);
+  NoSyncGuard no_backward_sync(ShardedDataParallel& module, bool enabled = true);
   NoSyncGuard no_backward_sync(const torch::nn::Module& module, bool enabled = true);
 
  private:
@@ -112,6 +124,8 @@ class Fabric {
   Environment env_;
   std::shared_ptr<ProcessGroup> node_;
   std::vector<std::unique_ptr<DistributedDataParallel>> wrapped_;
+  std::vector<std::unique_ptr<ShardedDataParallel>> sharded_;
+  bool set_up(const std::shared_ptr<torch::nn::Module>& module) const;
 };
 
 }  // namespace chorus
