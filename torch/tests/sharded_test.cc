@@ -27,7 +27,7 @@ const char* name_of(ShardingStrategy s) {
 
 struct ThreeWeights : torch::nn::Module {
   ThreeWeights() {
-    for (int i = 0; i < 3; ++i) w.push_back(register_parameter("w" + std::to_string(i + 1), torch::ones({3, 5})));
+    for (const char* name : {"w1", "w2", "w3"}) w.push_back(register_parameter(name, torch::ones({3, 5})));
   }
   std::vector<at::Tensor> forward(const at::Tensor& x) {  // hidden activations and the output
     at::Tensor h1 = w[0] * x, h2 = w[1] * h1, y = w[2] * h2;
@@ -500,6 +500,44 @@ TEST(Sharded, BadSetupsAreNamed) {
       sdp.forward([&] { return model->forward(torch::ones({1, 4})); });
     }
     RANK_CHECK(sdp.memory_stats().full_bytes == 0);
+  });
+}
+
+}  // namespace
+}  // namespace chorus::test
+
+namespace chorus::test {
+namespace {
+
+// DeepSpeed's TestZero3InitForParentWeightInitialization: every rank initializes differently;
+// rank 0's values win. And what each strategy keeps between forward and backward.
+TEST(Sharded, RankZerosValuesWinAndStrategiesKeepWhatTheySay) {
+  for_worlds({2, 4}, [] {
+    const int me = default_group()->rank(), w = default_group()->size();
+    for (ShardingStrategy s : kStrategies) {
+      torch::nn::Linear model(12, 1);
+      {
+        at::NoGradGuard no_grad;
+        model->weight.fill_(1 + me);
+        model->bias.fill_(10 + me);
+      }
+      ShardedDataParallel sdp(model, {.strategy = s});
+      if (s != ShardingStrategy::NoShard) {
+        RANK_CHECK(sdp.parameters()[0].numel() == (12 + w - 1) / w);
+        RANK_CHECK(sdp.parameters()[0].detach().eq(1).all().item<bool>(), "shard of rank ", me, " is not rank 0's");
+      }
+      {
+        GatheredParameters g({std::static_pointer_cast<torch::nn::Module>(model.ptr())});
+        RANK_CHECK(model->weight.detach().eq(1).all().item<bool>() && model->bias.detach().eq(10).all().item<bool>());
+      }
+      at::Tensor out = sdp.forward([&] { return model->forward(torch::ones({2, 12})).sum(); });
+      const int64_t between = sdp.memory_stats().full_bytes;
+      if (s == ShardingStrategy::FullShard) RANK_CHECK(between == 0, "FullShard kept full parameters after forward");
+      if (s == ShardingStrategy::ShardGradOp)
+        RANK_CHECK(between > 0, "ShardGradOp freed its parameters before backward");
+      out.backward();
+      RANK_CHECK(sdp.memory_stats().full_bytes == 0 || s == ShardingStrategy::NoShard);
+    }
   });
 }
 
