@@ -171,12 +171,6 @@ TEST(Sharded, TrainingMatchesDDPAndOneProcessEvenAndUneven) {
   });
 }
 
-}  // namespace
-}  // namespace chorus::test
-
-namespace chorus::test {
-namespace {
-
 // ---- GatheredParameters ----------------------------------------------------------------------
 
 struct TwoLinears : torch::nn::Module {
@@ -429,12 +423,6 @@ TEST(Sharded, FullShardHoldsSixteenBytesPerParameterOverW) {
   });
 }
 
-}  // namespace
-}  // namespace chorus::test
-
-namespace chorus::test {
-namespace {
-
 // Fabric(strategy = "fsdp"): setup_module shards, no_backward_sync accumulates; under "ddp" the
 // same loop keeps replicas. Either way it matches one process on the global batch.
 TEST(Sharded, FabricFsdpAndDdpRunTheSameLoop) {
@@ -503,12 +491,6 @@ TEST(Sharded, BadSetupsAreNamed) {
   });
 }
 
-}  // namespace
-}  // namespace chorus::test
-
-namespace chorus::test {
-namespace {
-
 // DeepSpeed's TestZero3InitForParentWeightInitialization: every rank initializes differently;
 // rank 0's values win. And what each strategy keeps between forward and backward.
 TEST(Sharded, RankZerosValuesWinAndStrategiesKeepWhatTheySay) {
@@ -538,6 +520,45 @@ TEST(Sharded, RankZerosValuesWinAndStrategiesKeepWhatTheySay) {
       out.backward();
       RANK_CHECK(sdp.memory_stats().full_bytes == 0 || s == ShardingStrategy::NoShard);
     }
+  });
+}
+
+struct Tied : torch::nn::Module {
+  Tied() {
+    torch::manual_seed(0);
+    w = register_parameter("a", torch::randn({4, 4}) * 0.5);
+    register_parameter("b", w);  // the same tensor under a second name
+  }
+  at::Tensor forward(const at::Tensor& x) { return x.mm(w).tanh().mm(w.t()); }
+  at::Tensor w;
+};
+
+TEST(Sharded, TiedParametersAreShardedOnceAndAModuleOutlivingItsShardsSaysSo) {
+  for_worlds({1, 2, 3}, [] {
+    const int w = default_group()->size(), me = default_group()->rank(), b = 2;
+    auto model = std::make_shared<Tied>(), ref = std::make_shared<Tied>();
+    {
+      ShardedDataParallel sdp(model);
+      RANK_CHECK(sdp.parameters().size() == 1, "a tied parameter is one shard, got ", sdp.parameters().size());
+      torch::optim::SGD opt(sdp.parameters(), 0.1);
+      torch::optim::SGD ref_opt(std::vector<at::Tensor>{ref->w}, 0.1);
+      for (int step = 0; step < 3; ++step) {
+        auto [x, y] = global_batch(step, w, b, 4, 4);
+        opt.zero_grad();
+        sdp.forward([&] { return torch::mse_loss(model->forward(x.narrow(0, me * b, b)), y.narrow(0, me * b, b)); })
+            .backward();
+        opt.step();
+        ref_opt.zero_grad();
+        torch::mse_loss(ref->forward(x), y).backward();
+        ref_opt.step();
+      }
+      auto full = sdp.full_state_dict();
+      at::Tensor t = me == 0 ? full["a"] : at::empty({4, 4});
+      default_group()->broadcast_(t, 0);
+      RANK_CHECK((t - ref->w).abs().max().item<double>() <= 1e-5);
+    }
+    std::string what = RANK_EXPECT_THROW(InvalidArgument, model->forward(torch::ones({1, 4})));
+    RANK_CHECK(what.find("no longer exists") != std::string::npos, what);
   });
 }
 

@@ -78,8 +78,9 @@ class ShardedDataParallel {
   template <class F>
   auto forward(F&& fn) -> decltype(fn());
 
-  // This rank's shards, one per parameter, in module()->parameters() order: give these to the
-  // optimizer. After backward, .grad is the shard's gradient averaged over the group.
+  // This rank's shards, one per parameter, in module()->parameters() order (a tied parameter,
+  // registered twice, once): give these to the optimizer. After backward, .grad is the shard's
+  // gradient averaged over the group.
   std::vector<at::Tensor> parameters();
   // The same with the parameters' names.
   torch::OrderedDict<std::string, at::Tensor> named_parameters();

@@ -123,29 +123,38 @@ void GatheredParameters::enter(std::vector<at::Tensor> params, std::optional<int
                                    " already gathered by a GatheredParameters that is still alive; nested "
                                    "GatheredParameters must not share parameters"));
   }
-  for (auto& e : entries) e->state ? e->state->rethrow_deferred() : void();
-  // 2. Agreement, then 3. gather and hold.
+  for (auto& e : entries)
+    if (e->state) e->state->rethrow_deferred();
+  // 2. Agreement, then 3. gather and hold. A failure gives back what this rank holds, without
+  // communicating: the ranks are no longer in step.
   done_ = false;
-  for (auto& e : entries) {
-    if (!e->state) {
+  try {
+    for (auto& e : entries) {
+      if (!e->state) {
+        entries_.push_back(e);
+        continue;
+      }
+      std::vector<std::string> names;
+      for (size_t i : e->indices) names.push_back(e->state->param(i).name);
+      const std::string mine = describe_list(names, e->modifier);
+      std::vector<std::string> all = exchange(e->state->group(), mine);
+      if (std::any_of(all.begin(), all.end(), [&](const std::string& s) { return s != mine; })) {
+        std::string shown;
+        for (size_t r = 0; r < all.size(); ++r) shown += concat("\n  rank ", r, ": ", all[r]);
+        throw CollectiveMismatch(concat("GatheredParameters: the ranks of group '", e->state->group().name(),
+                                        "' entered with different parameters:", shown),
+                                 all);
+      }
       entries_.push_back(e);
-      continue;
+      e->state->hold(e->indices);
+      e->held = true;
     }
-    std::vector<std::string> names;
-    for (size_t i : e->indices) names.push_back(e->state->param(i).name);
-    const std::string mine = describe_list(names, e->modifier);
-    std::vector<std::string> all = exchange(e->state->group(), mine);
-    if (std::any_of(all.begin(), all.end(), [&](const std::string& s) { return s != mine; })) {
-      std::string shown;
-      for (size_t r = 0; r < all.size(); ++r) shown += concat("\n  rank ", r, ": ", all[r]);
-      exit();  // what this rank already holds goes back; the others do the same
-      throw CollectiveMismatch(concat("GatheredParameters: the ranks of group '", e->state->group().name(),
-                                      "' entered with different parameters:", shown),
-                               all);
-    }
-    e->state->hold(e->indices);
-    e->held = true;
-    entries_.push_back(e);
+  } catch (...) {
+    for (auto& e : entries_)
+      if (e->state) e->state->drop(e->indices);
+    entries_.clear();
+    done_ = true;
+    throw;
   }
 }
 
@@ -186,8 +195,8 @@ GatheredParameters::~GatheredParameters() {
   try {
     exit();
   } catch (const std::exception& err) {
-    std::cerr << "chorus: GatheredParameters: " << err.what()
-              << " (thrown again by the module's next forward or GatheredParameters)" << std::endl;
+    std::cerr << "chorus: " << err.what() << " (thrown again by the module's next forward or GatheredParameters)"
+              << std::endl;
     for (auto& s : states) s->defer_error(std::current_exception());
   } catch (...) {
     for (auto& s : states) s->defer_error(std::current_exception());
@@ -209,10 +218,18 @@ std::string ShardedState::hold_problem(const std::vector<size_t>& indices) {
 void ShardedState::hold(const std::vector<size_t>& indices) {
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t i : indices) {
-    gather_param(i);
     Param& p = params_[i];
-    p.held = true;
+    p.held = true;  // first: a gather that fails is dropped with the rest
+    gather_param(i);
     p.version_at_hold = int64_t(p.param.unsafeGetTensorImpl()->version_counter().current_version());
+  }
+}
+
+void ShardedState::drop(const std::vector<size_t>& indices) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i : indices) {
+    params_[i].held = false;
+    free_param(i);
   }
 }
 

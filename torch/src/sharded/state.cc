@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <unordered_set>
 
 #include "param_kernel.h"
 #include "tensor_util.h"
@@ -50,7 +51,11 @@ ShardedState::ShardedState(std::shared_ptr<ProcessGroup> group, ShardingStrategy
 
 ShardedState::~ShardedState() {
   for (auto& [acc, key] : hooks_) acc->del_post_hook(key);
-  for (auto& p : params_) forget_sharded(p.storage.get());
+  for (auto& p : params_) {
+    forget_sharded(p.storage.get());
+    fill_storage(*p.storage, nullptr, 0);  // the module keeps the tensor, not our buffers
+    if (p.gathering) p.gathering->wait();
+  }
 }
 
 void ShardedState::shard(torch::nn::Module& module, const std::vector<std::shared_ptr<torch::nn::Module>>& units) {
@@ -80,8 +85,10 @@ void ShardedState::shard(torch::nn::Module& module, const std::vector<std::share
 
   at::NoGradGuard no_grad;
   const auto self = shared_from_this();
+  std::unordered_set<const c10::TensorImpl*> seen;
   for (const auto& item : module.named_parameters(true)) {
     at::Tensor p = item.value();
+    if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;  // a tied parameter: sharded once, first name
     if (!p.device().is_cpu())
       throw InvalidArgument(concat("ShardedDataParallel: parameter '", item.key(), "' is on ", p.device().str(),
                                    "; this build shards parameters on the CPU"));
@@ -188,7 +195,21 @@ void ShardedState::begin_forward() {
   std::lock_guard<std::mutex> lock(mu_);
   if (in_forward_) throw InvalidArgument("ShardedDataParallel::forward: already inside forward of this module");
   if (in_backward()) throw InvalidArgument("ShardedDataParallel::forward: called during a backward pass");
-  // A forward whose backward never came (ShardGradOp kept its units): start clean.
+  // A backward that failed before its end, or a forward whose backward never came (ShardGradOp
+  // kept its units): start clean.
+  if (finalize_queued_) {
+    for (auto& p : params_) {
+      if (p.reduction) try {
+          p.reduction->wait();
+        } catch (...) {  // that backward already raised its error
+        }
+      give_back(std::move(p.reduce_in));
+      p.reduce_in.reset();
+      p.reduce_out.reset();
+      p.reduction.reset();
+    }
+    reset_backward();
+  }
   for (size_t u = 0; u < units_.size(); ++u) free_unit(u);
   in_forward_ = true;
   forward_grad_ = at::GradMode::is_enabled();

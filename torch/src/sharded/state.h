@@ -66,6 +66,8 @@ class ShardedState : public std::enable_shared_from_this<ShardedState> {
   // Re-shards; with a modifier its values first become everyone's. Returns "" or the names of
   // parameters edited in place without a modifier (on which ranks).
   std::string release(const std::vector<size_t>& indices, std::optional<int> modifier_rank);
+  // Gives the parameters back on this rank alone (an entry that failed half way).
+  void drop(const std::vector<size_t>& indices);
 
   std::vector<at::Tensor> shards();
   torch::OrderedDict<std::string, at::Tensor> named_shards();
