@@ -556,6 +556,7 @@ TEST(Sharded, TiedParametersAreShardedOnceAndAModuleOutlivingItsShardsSaysSo) {
       at::Tensor t = me == 0 ? full["a"] : at::empty({4, 4});
       default_group()->broadcast_(t, 0);
       RANK_CHECK((t - ref->w).abs().max().item<double>() <= 1e-5);
+      if (me == 0) RANK_CHECK(full.size() == 2 && full["b"].equal(full["a"]), "both names, as the module lists them");
     }
     std::string what = RANK_EXPECT_THROW(InvalidArgument, model->forward(torch::ones({1, 4})));
     RANK_CHECK(what.find("no longer exists") != std::string::npos, what);

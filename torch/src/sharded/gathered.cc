@@ -236,6 +236,16 @@ void ShardedState::drop(const std::vector<size_t>& indices) {
 std::string ShardedState::release(const std::vector<size_t>& indices, std::optional<int> modifier_rank) {
   std::lock_guard<std::mutex> lock(mu_);
   at::NoGradGuard no_grad;
+  struct Unhold {  // however this ends (a peer gone mid-broadcast too), the full copies go
+    ShardedState& s;
+    const std::vector<size_t>& indices;
+    ~Unhold() {
+      for (size_t i : indices) {
+        s.params_[i].held = false;
+        s.free_param(i);
+      }
+    }
+  } unhold{*this, indices};
   std::string edited;
   if (modifier_rank) {
     for (size_t i : indices) {
@@ -266,10 +276,6 @@ std::string ShardedState::release(const std::vector<size_t>& indices, std::optio
         edited +=
             concat(edited.empty() ? "" : ", ", "parameter '", params_[indices[k]].name, "' (on rank ", ranks, ")");
     }
-  }
-  for (size_t i : indices) {
-    params_[i].held = false;
-    free_param(i);
   }
   return edited;
 }

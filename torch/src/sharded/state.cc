@@ -26,7 +26,7 @@
 
 #include <algorithm>
 #include <atomic>
-#include <unordered_set>
+#include <unordered_map>
 
 #include "param_kernel.h"
 #include "tensor_util.h"
@@ -51,10 +51,11 @@ ShardedState::ShardedState(std::shared_ptr<ProcessGroup> group, ShardingStrategy
 
 ShardedState::~ShardedState() {
   for (auto& [acc, key] : hooks_) acc->del_post_hook(key);
-  for (auto& p : params_) {
-    forget_sharded(p.storage.get());
-    fill_storage(*p.storage, nullptr, 0);  // the module keeps the tensor, not our buffers
-    if (p.gathering) p.gathering->wait();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    forget_sharded(params_[i].storage.get());
+    params_[i].held = false;
+    free_param(i);                                  // a prefetch in flight lands first
+    fill_storage(*params_[i].storage, nullptr, 0);  // the module keeps the tensor, not our buffers
   }
 }
 
@@ -85,10 +86,14 @@ void ShardedState::shard(torch::nn::Module& module, const std::vector<std::share
 
   at::NoGradGuard no_grad;
   const auto self = shared_from_this();
-  std::unordered_set<const c10::TensorImpl*> seen;
+  std::unordered_map<const c10::TensorImpl*, size_t> seen;
   for (const auto& item : module.named_parameters(true)) {
     at::Tensor p = item.value();
-    if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;  // a tied parameter: sharded once, first name
+    if (auto it = seen.find(p.unsafeGetTensorImpl()); it != seen.end()) {  // tied: sharded once, first name
+      params_[it->second].aliases.push_back(item.key());
+      continue;
+    }
+    seen.emplace(p.unsafeGetTensorImpl(), params_.size());
     if (!p.device().is_cpu())
       throw InvalidArgument(concat("ShardedDataParallel: parameter '", item.key(), "' is on ", p.device().str(),
                                    "; this build shards parameters on the CPU"));
@@ -270,7 +275,10 @@ void ShardedState::free_param(size_t i) {
   Param& p = params_[i];
   if (p.held) return;
   if (p.gathering) {  // a prefetch nobody used: let it land, then drop it
-    p.gathering->wait();
+    try {
+      p.gathering->wait();
+    } catch (...) {  // a failed group fails its next collective again; this runs in destructors
+    }
     p.gathering.reset();
     give_back(std::move(p.incoming));
   }
@@ -333,7 +341,10 @@ torch::OrderedDict<std::string, at::Tensor> ShardedState::full_state_dict(torch:
   torch::OrderedDict<std::string, at::Tensor> out;
   for (const auto& p : params_) {  // one parameter at a time onto rank 0
     std::optional<at::Tensor> stacked = group_->gather(p.shard.detach(), 0);
-    if (stacked) out.insert(p.name, stacked->reshape({-1}).narrow(0, 0, p.numel).reshape(p.param.sizes()).clone());
+    if (!stacked) continue;
+    at::Tensor full = stacked->reshape({-1}).narrow(0, 0, p.numel).reshape(p.param.sizes()).clone();
+    out.insert(p.name, full);
+    for (const auto& alias : p.aliases) out.insert(alias, full);  // as module.named_parameters() lists it
   }
   if (rank_ == 0)
     for (const auto& item : module.named_buffers(true)) out.insert(item.key(), item.value().detach().clone());

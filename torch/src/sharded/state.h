@@ -19,6 +19,7 @@ class ShardedState : public std::enable_shared_from_this<ShardedState> {
  public:
   struct Param {
     std::string name;
+    std::vector<std::string> aliases;              // a tied parameter's other names in the module
     at::Tensor param;                              // the module's tensor, now a sharded parameter
     c10::intrusive_ptr<c10::StorageImpl> storage;  // its storage: empty, or the full values
     int64_t numel = 0, shard_numel = 0;            // N and S = ceil(N / W)
