@@ -7,7 +7,7 @@
 set -euo pipefail
 
 packages=(cmake g++ make libgtest-dev libcli11-dev libgloo-dev libopenmpi-dev libopenblas0-pthread libtorch-dev
-          openmpi-bin python3-torch iproute2 clang-format)
+          libxxhash-dev openmpi-bin python3-torch iproute2 clang-format)
 if [[ "${1:-}" == "--bench" ]]; then
   packages+=(python3-matplotlib)
 fi

@@ -260,4 +260,12 @@ NoSyncGuard Fabric::no_backward_sync(const torch::nn::Module& module, bool enabl
       "Fabric::no_backward_sync: this module was not set up by this Fabric: call fabric.setup(module) first");
 }
 
+void Fabric::save(const std::string& path, const CheckpointState& state, CheckpointFormat format) {
+  save_checkpoint(path, state, SaveOptions{format, nullptr});
+}
+
+c10::impl::GenericDict Fabric::load(const std::string& path, const CheckpointState& state, bool strict) {
+  return load_checkpoint(path, state, LoadOptions{strict, nullptr});
+}
+
 }  // namespace chorus

@@ -63,4 +63,13 @@ at::Tensor alias_of(const at::Tensor& base, at::IntArrayRef sizes, int64_t offse
   return at::Tensor(std::move(impl));
 }
 
+std::vector<std::string> all_gather_strings(ProcessGroup& group, const std::string& text) {
+  at::Tensor bytes = at::empty({int64_t(text.size())}, at::kByte);
+  std::copy(text.begin(), text.end(), bytes.data_ptr<uint8_t>());
+  std::vector<std::string> out;
+  for (const at::Tensor& t : group.all_gather_v(bytes))
+    out.emplace_back(reinterpret_cast<const char*>(t.data_ptr<uint8_t>()), size_t(t.numel()));
+  return out;
+}
+
 }  // namespace chorus::detail

@@ -5,9 +5,11 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "chorus/core/dtype.h"
 #include "chorus/core/error.h"
+#include "chorus/process_group.h"
 
 namespace chorus::detail {
 
@@ -41,5 +43,8 @@ at::Tensor alias_of(const at::Tensor& base, at::IntArrayRef sizes, at::IntArrayR
 
 // Elements of the core dtype that carry t.
 inline size_t core_count(const at::Tensor& t) { return size_t(t.numel()) * core_type(t.scalar_type())->per_element; }
+
+// Every rank's `text` (all_gather_v of its bytes). Collective.
+std::vector<std::string> all_gather_strings(ProcessGroup& group, const std::string& text);
 
 }  // namespace chorus::detail

@@ -6,6 +6,7 @@
 
 #include "chorus/accelerate.h"
 #include "chorus/axolotl.h"
+#include "chorus/checkpoint.h"
 #include "chorus/comm_hooks.h"
 #include "chorus/core/dtype.h"
 #include "chorus/core/error.h"

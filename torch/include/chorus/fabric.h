@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 
+#include "chorus/checkpoint.h"
 #include "chorus/ddp.h"
 #include "chorus/process_group.h"
 #include "chorus/sharded.h"
@@ -115,6 +116,13 @@ class Fabric {
   NoSyncGuard no_backward_sync(DistributedDataParallel& module, bool enabled = true);
   NoSyncGuard no_backward_sync(ShardedDataParallel& module, bool enabled = true);
   NoSyncGuard no_backward_sync(const torch::nn::Module& module, bool enabled = true);
+
+  // Collective: Lightning's save/load (save_checkpoint / load_checkpoint over the world).
+  //   fabric.save("ckpt", {{"model", sdp}, {"optimizer", opt}, {"step", step}});
+  // Auto: a sharded checkpoint (a directory) when a module is sharded, else one file. load
+  // restores the state's items in place and returns the checkpoint's other items.
+  void save(const std::string& path, const CheckpointState& state, CheckpointFormat format = CheckpointFormat::Auto);
+  c10::impl::GenericDict load(const std::string& path, const CheckpointState& state = {}, bool strict = true);
 
  private:
   ProcessGroup& world() const;

@@ -47,16 +47,6 @@ std::string describe_list(const std::vector<std::string>& names, std::optional<i
   return concat(s, "] modifier_rank=", modifier ? std::to_string(*modifier) : std::string("none"));
 }
 
-// Every rank's `text` (all_gather_v of its bytes).
-std::vector<std::string> exchange(ProcessGroup& group, const std::string& text) {
-  at::Tensor bytes = at::empty({int64_t(text.size())}, at::kByte);
-  std::copy(text.begin(), text.end(), bytes.data_ptr<uint8_t>());
-  std::vector<std::string> out;
-  for (const at::Tensor& t : group.all_gather_v(bytes))
-    out.emplace_back(reinterpret_cast<const char*>(t.data_ptr<uint8_t>()), size_t(t.numel()));
-  return out;
-}
-
 }  // namespace
 
 GatheredParameters::GatheredParameters(std::vector<at::Tensor> params, std::optional<int> modifier_rank, bool enabled) {
@@ -137,7 +127,7 @@ void GatheredParameters::enter(std::vector<at::Tensor> params, std::optional<int
       std::vector<std::string> names;
       for (size_t i : e->indices) names.push_back(e->state->param(i).name);
       const std::string mine = describe_list(names, e->modifier);
-      std::vector<std::string> all = exchange(e->state->group(), mine);
+      std::vector<std::string> all = detail::all_gather_strings(e->state->group(), mine);
       if (std::any_of(all.begin(), all.end(), [&](const std::string& s) { return s != mine; })) {
         std::string shown;
         for (size_t r = 0; r < all.size(); ++r) shown += concat("\n  rank ", r, ": ", all[r]);

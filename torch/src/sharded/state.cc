@@ -237,6 +237,18 @@ void ShardedState::end_forward(bool ok) {
     if (!seen_in_forward_[u]) reduction_order_.push_back(u);
 }
 
+void ShardedState::prepare_load() {
+  if (busy())
+    throw InvalidArgument(
+        "load_checkpoint: a sharded module is in its forward or backward; load before forward or after backward");
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& p : params_)
+    if (p.held)
+      throw InvalidArgument(
+          concat("load_checkpoint: parameter '", p.name, "' is held by a GatheredParameters; load after it exits"));
+  for (size_t u = 0; u < units_.size(); ++u) free_unit(u);
+}
+
 void ShardedState::gather_unit(size_t u) {
   for (size_t i : units_[u].params) gather_param(i);
 }

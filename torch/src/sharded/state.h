@@ -78,6 +78,12 @@ class ShardedState : public std::enable_shared_from_this<ShardedState> {
   std::vector<std::pair<std::string, std::vector<std::string>>> unit_layout() const;
 
   const Param& param(size_t i) const { return params_[i]; }
+  size_t size() const { return params_.size(); }
+  ShardingStrategy strategy() const { return strategy_; }
+  int world() const { return world_; }
+  // Checkpoints: before shards are overwritten, no full copy may be alive (InvalidArgument during
+  // forward, backward or a GatheredParameters); the kept ones (ShardGradOp) are dropped.
+  void prepare_load();
   // Made-order of the ShardedDataParallels of this process (the same on every rank that makes
   // them in the same order): GatheredParameters' canonical order.
   uint64_t id() const { return id_; }

@@ -1,0 +1,499 @@
+// Note [Checkpoint layout]
+// A checkpoint is a list of tensors, each named by a key ("<item>/<parameter>" for modules,
+// "<item>/state/<parameter ref>/<state name>" for optimizers, a parameter ref being
+// "<module item>.<parameter name>"), with its full shape and dtype, plus the items' other values
+// (optimizer options and steps, user values) in one dict written by rank 0.
+// How the ranks hold a tensor decides who writes which part of it:
+//   - Sharded (ShardedDataParallel's parameters and their optimizer state): rank r holds elements
+//     [r*S, min(N, (r+1)*S)) of the flattened tensor and writes them;
+//   - Split (a DDP module's parameters and their optimizer state: equal on every rank): rank r
+//     writes the same kind of range with S = ceil(N/W), so every rank writes 1/W of the bytes;
+//   - Replicated (plain modules, buffers, anything else): rank 0's values, written by rank 0.
+// A reader asks for a range (its shard) or the whole tensor and gets it from whichever parts
+// cover it, so a checkpoint written at W by one strategy loads at W' under another.
+// Parameters are recognised by their tensors: a module whose parameters are sharded belongs to its
+// ShardedDataParallel, one whose parameters a DDP holds is split, so passing a module or its
+// wrapper is the same. An optimizer's parameters are named after the modules in the same state
+// (a shard by its parameter's name); others by position ("<item>.group<g>.param<k>").
+#include "catalog.h"
+
+#include <torch/optim.h>
+
+#include <unordered_map>
+
+#include "../replicas.h"
+#include "../sharded/param_kernel.h"
+#include "../sharded/state.h"
+
+namespace chorus {
+
+using detail::concat;
+
+Stateful::Stateful(std::shared_ptr<torch::nn::Module> module) : kind_(Kind::Module), module_(std::move(module)) {
+  if (!module_) throw InvalidArgument("CheckpointState: a module is null");
+}
+Stateful::Stateful(DistributedDataParallel& ddp) : Stateful(ddp.module_ptr()) {}
+Stateful::Stateful(ShardedDataParallel& sdp) : Stateful(sdp.module_ptr()) {}
+Stateful::Stateful(torch::optim::Optimizer& optimizer) : kind_(Kind::Optimizer), optimizer_(&optimizer) {}
+Stateful::Stateful(c10::IValue& value)
+    : kind_(Kind::Value), get_([&value] { return value; }), set_([&value](const c10::IValue& v) { value = v; }) {}
+Stateful::Stateful(at::Tensor& value)
+    : kind_(Kind::Value),
+      get_([&value] { return c10::IValue(value); }),
+      set_([&value](const c10::IValue& v) { value = v.toTensor(); }) {}
+Stateful::Stateful(int64_t& value)
+    : kind_(Kind::Value),
+      get_([&value] { return c10::IValue(value); }),
+      set_([&value](const c10::IValue& v) { value = v.toInt(); }) {}
+Stateful::Stateful(double& value)
+    : kind_(Kind::Value),
+      get_([&value] { return c10::IValue(value); }),
+      set_([&value](const c10::IValue& v) { value = v.toDouble(); }) {}
+Stateful::Stateful(bool& value)
+    : kind_(Kind::Value),
+      get_([&value] { return c10::IValue(value); }),
+      set_([&value](const c10::IValue& v) { value = v.toBool(); }) {}
+Stateful::Stateful(std::string& value)
+    : kind_(Kind::Value),
+      get_([&value] { return c10::IValue(value); }),
+      set_([&value](const c10::IValue& v) { value = v.toStringRef(); }) {}
+
+}  // namespace chorus
+
+namespace chorus::detail::checkpoint {
+
+namespace optim = torch::optim;
+using Dict = c10::impl::GenericDict;
+
+std::pair<int64_t, int64_t> part_of(const Slot& s, int rank, int world) {
+  if (s.layout == Layout::Replicated) return rank == 0 ? std::make_pair(int64_t(0), s.numel) : std::make_pair(0L, 0L);
+  const int64_t S = s.layout == Layout::Sharded ? s.shard_numel : (s.numel + world - 1) / world;
+  const int64_t begin = std::min(s.numel, rank * S);
+  return {begin, std::min(s.numel, begin + S)};
+}
+
+namespace {
+
+Dict new_dict() { return Dict(c10::StringType::get(), c10::AnyType::get()); }
+
+// A parameter as a checkpoint sees it.
+struct ParamInfo {
+  std::string ref;  // "<item>.<name>"
+  Layout layout;    // of the parameter (and its optimizer state)
+  int64_t shard_numel = 0;
+  std::optional<std::vector<int64_t>> shape;  // a module's parameter: its full shape
+};
+
+std::string strategy_name(ShardingStrategy s) {
+  return s == ShardingStrategy::FullShard     ? "full_shard"
+         : s == ShardingStrategy::ShardGradOp ? "shard_grad_op"
+                                              : "no_shard";
+}
+
+// Adds the slots of one module item; records its parameters (by the tensor the optimizer holds).
+void add_module(Catalog& c, const std::string& item, torch::nn::Module& m, bool for_load,
+                std::unordered_map<const c10::TensorImpl*, ParamInfo>& params) {
+  std::string kind = "plain";
+  std::unordered_map<const c10::TensorImpl*, bool> seen;
+  std::vector<std::shared_ptr<ShardedState>> owners;
+  for (const auto& it : m.named_parameters(true)) {
+    const at::Tensor& p = it.value();
+    if (!seen.emplace(p.unsafeGetTensorImpl(), true).second) continue;  // tied: once, first name
+    Slot s;
+    s.key = concat(item, "/", it.key());
+    s.dtype = p.scalar_type();
+    s.shape = p.sizes().vec();
+    s.numel = p.numel();
+    const c10::TensorImpl* holder = p.unsafeGetTensorImpl();
+    if (auto ref = find_sharded(p); ref.owner) {
+      if (std::find(owners.begin(), owners.end(), ref.owner) == owners.end()) {
+        if (for_load) ref.owner->prepare_load();
+        owners.push_back(ref.owner);
+      }
+      const auto& sp = ref.owner->param(ref.index);
+      s.layout = Layout::Sharded;
+      s.shard_numel = sp.shard_numel;
+      s.local = sp.shard.detach();
+      holder = sp.shard.unsafeGetTensorImpl();
+      kind = strategy_name(ref.owner->strategy());
+      c.sharded = true;
+    } else if (replica_group(p)) {
+      s.layout = Layout::Split;
+      s.local = p.detach();
+      kind = "ddp";
+    } else {
+      s.local = p.detach();
+    }
+    params[holder] = ParamInfo{concat(item, ".", it.key()), s.layout, s.shard_numel, s.shape};
+    c.slots.push_back(std::move(s));
+  }
+  for (const auto& it : m.named_buffers(true)) {
+    Slot s;
+    s.key = concat(item, "/", it.key());
+    s.dtype = it.value().scalar_type();
+    s.shape = it.value().sizes().vec();
+    s.numel = it.value().numel();
+    s.local = it.value().detach();
+    c.slots.push_back(std::move(s));
+  }
+  c.items.emplace_back(item, "module:" + kind);
+}
+
+// ---- optimizers: options and per-parameter state, for the types LibTorch has ----------------
+
+using Tensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+struct Codec {
+  std::string type;
+  std::function<bool(optim::Optimizer&)> is;
+  std::function<Dict(optim::OptimizerOptions&)> options;
+  std::function<void(optim::OptimizerOptions&, const Dict&)> set_options;
+  std::function<Tensors(optim::OptimizerParamState&)> tensors;
+  std::function<int64_t(optim::OptimizerParamState&)> step;  // -1: the state has none
+  std::function<std::unique_ptr<optim::OptimizerParamState>(const std::map<std::string, at::Tensor>&, int64_t)> make;
+};
+
+at::Tensor take(const std::map<std::string, at::Tensor>& t, const std::string& name) {
+  auto it = t.find(name);
+  return it == t.end() ? at::Tensor() : it->second;
+}
+double num(const Dict& d, const char* k) { return d.at(k).toDouble(); }
+
+template <class Options>
+Dict adam_like_options(optim::OptimizerOptions& o) {
+  auto& a = static_cast<Options&>(o);
+  Dict d = new_dict();
+  d.insert("lr", a.lr());
+  d.insert("betas", c10::ivalue::Tuple::create(std::get<0>(a.betas()), std::get<1>(a.betas())));
+  d.insert("eps", a.eps());
+  d.insert("weight_decay", a.weight_decay());
+  d.insert("amsgrad", a.amsgrad());
+  return d;
+}
+template <class Options>
+void set_adam_like_options(optim::OptimizerOptions& o, const Dict& d) {
+  auto& a = static_cast<Options&>(o);
+  auto betas = d.at("betas").toTuple();
+  a.lr(num(d, "lr")).eps(num(d, "eps")).weight_decay(num(d, "weight_decay")).amsgrad(d.at("amsgrad").toBool());
+  a.betas(std::make_tuple(betas->elements()[0].toDouble(), betas->elements()[1].toDouble()));
+}
+template <class State>
+Codec adam_like(const std::string& type, std::function<bool(optim::Optimizer&)> is,
+                std::function<Dict(optim::OptimizerOptions&)> options,
+                std::function<void(optim::OptimizerOptions&, const Dict&)> set_options) {
+  return Codec{type,
+               std::move(is),
+               std::move(options),
+               std::move(set_options),
+               [](optim::OptimizerParamState& s) {
+                 auto& a = static_cast<State&>(s);
+                 return Tensors{
+                     {"exp_avg", a.exp_avg()}, {"exp_avg_sq", a.exp_avg_sq()}, {"max_exp_avg_sq", a.max_exp_avg_sq()}};
+               },
+               [](optim::OptimizerParamState& s) { return static_cast<State&>(s).step(); },
+               [](const std::map<std::string, at::Tensor>& t, int64_t step) {
+                 auto s = std::make_unique<State>();
+                 s->step(step).exp_avg(take(t, "exp_avg")).exp_avg_sq(take(t, "exp_avg_sq"));
+                 s->max_exp_avg_sq(take(t, "max_exp_avg_sq"));
+                 return std::unique_ptr<optim::OptimizerParamState>(std::move(s));
+               }};
+}
+
+const std::vector<Codec>& codecs() {
+  static const std::vector<Codec> all = [] {
+    std::vector<Codec> v;
+    v.push_back(Codec{"SGD", [](optim::Optimizer& o) { return dynamic_cast<optim::SGD*>(&o) != nullptr; },
+                      [](optim::OptimizerOptions& o) {
+                        auto& a = static_cast<optim::SGDOptions&>(o);
+                        Dict d = new_dict();
+                        d.insert("lr", a.lr());
+                        d.insert("momentum", a.momentum());
+                        d.insert("dampening", a.dampening());
+                        d.insert("weight_decay", a.weight_decay());
+                        d.insert("nesterov", a.nesterov());
+                        return d;
+                      },
+                      [](optim::OptimizerOptions& o, const Dict& d) {
+                        static_cast<optim::SGDOptions&>(o)
+                            .lr(num(d, "lr"))
+                            .momentum(num(d, "momentum"))
+                            .dampening(num(d, "dampening"))
+                            .weight_decay(num(d, "weight_decay"))
+                            .nesterov(d.at("nesterov").toBool());
+                      },
+                      [](optim::OptimizerParamState& s) {
+                        return Tensors{{"momentum_buffer", static_cast<optim::SGDParamState&>(s).momentum_buffer()}};
+                      },
+                      [](optim::OptimizerParamState&) { return int64_t(-1); },
+                      [](const std::map<std::string, at::Tensor>& t, int64_t) {
+                        auto s = std::make_unique<optim::SGDParamState>();
+                        s->momentum_buffer(take(t, "momentum_buffer"));
+                        return std::unique_ptr<optim::OptimizerParamState>(std::move(s));
+                      }});
+    // AdamW derives from neither Adam nor the other way round: each is its own type.
+    v.push_back(adam_like<optim::AdamParamState>(
+        "Adam", [](optim::Optimizer& o) { return dynamic_cast<optim::Adam*>(&o) != nullptr; },
+        adam_like_options<optim::AdamOptions>, set_adam_like_options<optim::AdamOptions>));
+    v.push_back(adam_like<optim::AdamWParamState>(
+        "AdamW", [](optim::Optimizer& o) { return dynamic_cast<optim::AdamW*>(&o) != nullptr; },
+        adam_like_options<optim::AdamWOptions>, set_adam_like_options<optim::AdamWOptions>));
+    v.push_back(Codec{"Adagrad", [](optim::Optimizer& o) { return dynamic_cast<optim::Adagrad*>(&o) != nullptr; },
+                      [](optim::OptimizerOptions& o) {
+                        auto& a = static_cast<optim::AdagradOptions&>(o);
+                        Dict d = new_dict();
+                        d.insert("lr", a.lr());
+                        d.insert("lr_decay", a.lr_decay());
+                        d.insert("weight_decay", a.weight_decay());
+                        d.insert("initial_accumulator_value", a.initial_accumulator_value());
+                        d.insert("eps", a.eps());
+                        return d;
+                      },
+                      [](optim::OptimizerOptions& o, const Dict& d) {
+                        static_cast<optim::AdagradOptions&>(o)
+                            .lr(num(d, "lr"))
+                            .lr_decay(num(d, "lr_decay"))
+                            .weight_decay(num(d, "weight_decay"))
+                            .initial_accumulator_value(num(d, "initial_accumulator_value"))
+                            .eps(num(d, "eps"));
+                      },
+                      [](optim::OptimizerParamState& s) {
+                        return Tensors{{"sum", static_cast<optim::AdagradParamState&>(s).sum()}};
+                      },
+                      [](optim::OptimizerParamState& s) { return static_cast<optim::AdagradParamState&>(s).step(); },
+                      [](const std::map<std::string, at::Tensor>& t, int64_t step) {
+                        auto s = std::make_unique<optim::AdagradParamState>();
+                        s->sum(take(t, "sum")).step(step);
+                        return std::unique_ptr<optim::OptimizerParamState>(std::move(s));
+                      }});
+    v.push_back(Codec{"RMSprop", [](optim::Optimizer& o) { return dynamic_cast<optim::RMSprop*>(&o) != nullptr; },
+                      [](optim::OptimizerOptions& o) {
+                        auto& a = static_cast<optim::RMSpropOptions&>(o);
+                        Dict d = new_dict();
+                        d.insert("lr", a.lr());
+                        d.insert("alpha", a.alpha());
+                        d.insert("eps", a.eps());
+                        d.insert("weight_decay", a.weight_decay());
+                        d.insert("momentum", a.momentum());
+                        d.insert("centered", a.centered());
+                        return d;
+                      },
+                      [](optim::OptimizerOptions& o, const Dict& d) {
+                        static_cast<optim::RMSpropOptions&>(o)
+                            .lr(num(d, "lr"))
+                            .alpha(num(d, "alpha"))
+                            .eps(num(d, "eps"))
+                            .weight_decay(num(d, "weight_decay"))
+                            .momentum(num(d, "momentum"))
+                            .centered(d.at("centered").toBool());
+                      },
+                      [](optim::OptimizerParamState& s) {
+                        auto& a = static_cast<optim::RMSpropParamState&>(s);
+                        return Tensors{{"square_avg", a.square_avg()},
+                                       {"momentum_buffer", a.momentum_buffer()},
+                                       {"grad_avg", a.grad_avg()}};
+                      },
+                      [](optim::OptimizerParamState& s) { return static_cast<optim::RMSpropParamState&>(s).step(); },
+                      [](const std::map<std::string, at::Tensor>& t, int64_t step) {
+                        auto s = std::make_unique<optim::RMSpropParamState>();
+                        s->step(step).square_avg(take(t, "square_avg"));
+                        s->momentum_buffer(take(t, "momentum_buffer")).grad_avg(take(t, "grad_avg"));
+                        return std::unique_ptr<optim::OptimizerParamState>(std::move(s));
+                      }});
+    return v;
+  }();
+  return all;
+}
+
+const Codec& codec_of(optim::Optimizer& o, const std::string& item) {
+  for (const auto& c : codecs())
+    if (c.is(o)) return c;
+  throw InvalidArgument(concat("CheckpointState: optimizer '", item, "' is of a type checkpoints cannot restore (",
+                               typeid(o).name(), "); they know SGD, Adam, AdamW, Adagrad and RMSprop"));
+}
+
+std::string state_key(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+
+// The optimizer's parameters as the checkpoint names them, group by group.
+std::vector<std::vector<ParamInfo>> optimizer_params(
+    optim::Optimizer& o, const std::string& item, const std::unordered_map<const c10::TensorImpl*, ParamInfo>& params) {
+  std::vector<std::vector<ParamInfo>> out;
+  for (size_t g = 0; g < o.param_groups().size(); ++g) {
+    out.emplace_back();
+    const auto& ps = o.param_groups()[g].params();
+    for (size_t k = 0; k < ps.size(); ++k) {
+      auto it = params.find(ps[k].unsafeGetTensorImpl());
+      out.back().push_back(it != params.end() ? it->second
+                                              : ParamInfo{concat(item, ".group", g, ".param", k), Layout::Replicated});
+    }
+  }
+  return out;
+}
+
+void check_item_name(const std::string& name) {
+  if (name.empty() || name.find('/') != std::string::npos)
+    throw InvalidArgument(concat("CheckpointState: item name '", name, "' must be non-empty and without '/'"));
+}
+
+// Modules first: optimizers are named after their parameters.
+template <class F>
+void for_each_item(const CheckpointState& state, Stateful::Kind kind, F&& f) {
+  for (const auto& [name, item] : state)
+    if (item.kind() == kind) f(name, item);
+}
+
+}  // namespace
+
+Catalog catalog_for_save(const CheckpointState& state) {
+  Catalog c;
+  std::unordered_map<const c10::TensorImpl*, ParamInfo> params;
+  for (const auto& [name, item] : state) check_item_name(name);
+  for_each_item(state, Stateful::Kind::Module,
+                [&](const std::string& name, const Stateful& s) { add_module(c, name, *s.module(), false, params); });
+  for_each_item(state, Stateful::Kind::Optimizer, [&](const std::string& name, const Stateful& s) {
+    optim::Optimizer& o = *s.optimizer();
+    const Codec& codec = codec_of(o, name);
+    const auto refs = optimizer_params(o, name, params);
+    c10::impl::GenericList groups(c10::AnyType::get());
+    Dict steps = new_dict();
+    for (size_t g = 0; g < refs.size(); ++g) {
+      Dict group = codec.options(o.param_groups()[g].options());
+      c10::impl::GenericList names(c10::StringType::get());
+      const auto& ps = o.param_groups()[g].params();
+      for (size_t k = 0; k < ps.size(); ++k) {
+        const ParamInfo& info = refs[g][k];
+        names.push_back(info.ref);
+        auto st = o.state().find(state_key(ps[k]));
+        if (st == o.state().end()) continue;  // no step taken yet
+        if (int64_t step = codec.step(*st->second); step >= 0) steps.insert(info.ref, step);
+        for (auto& [tname, t] : codec.tensors(*st->second)) {
+          if (!t.defined()) continue;
+          Slot slot;
+          slot.key = concat(name, "/state/", info.ref, "/", tname);
+          slot.dtype = t.scalar_type();
+          slot.layout = info.layout;
+          slot.shard_numel = info.shard_numel;
+          slot.local = t.detach();
+          slot.shape = t.sizes().vec();
+          slot.numel = t.numel();
+          if (info.shape) {  // the parameter's shape (a shard's state is shaped like the shard)
+            slot.shape = *info.shape;
+            slot.numel = c10::multiply_integers(slot.shape);
+          }
+          c.slots.push_back(std::move(slot));
+        }
+      }
+      group.insert("params", names);
+      groups.push_back(group);
+    }
+    Dict obj = new_dict();
+    obj.insert("type", codec.type);
+    obj.insert("param_groups", groups);
+    obj.insert("steps", steps);
+    c.objects.insert(name, obj);
+    c.items.emplace_back(name, "optimizer:" + codec.type);
+  });
+  for_each_item(state, Stateful::Kind::Value, [&](const std::string& name, const Stateful& s) {
+    c.objects.insert(name, s.get());
+    c.items.emplace_back(name, "value");
+  });
+  return c;
+}
+
+struct LoadCatalog::OptimizerItem {
+  std::string name;
+  optim::Optimizer* optimizer;
+  const Codec* codec;
+  std::vector<std::vector<ParamInfo>> refs;
+};
+
+LoadCatalog::LoadCatalog(const CheckpointState& state, const std::map<std::string, int64_t>& saved) : state_(state) {
+  std::unordered_map<const c10::TensorImpl*, ParamInfo> params;
+  for (const auto& [name, item] : state) check_item_name(name);
+  for_each_item(state, Stateful::Kind::Module, [&](const std::string& name, const Stateful& s) {
+    add_module(catalog_, name, *s.module(), true, params);
+  });
+  for_each_item(state, Stateful::Kind::Optimizer, [&](const std::string& name, const Stateful& s) {
+    auto item = std::make_shared<OptimizerItem>();
+    item->name = name;
+    item->optimizer = s.optimizer();
+    item->codec = &codec_of(*s.optimizer(), name);
+    item->refs = optimizer_params(*s.optimizer(), name, params);
+    for (size_t g = 0; g < item->refs.size(); ++g) {
+      const auto& ps = s.optimizer()->param_groups()[g].params();
+      for (size_t k = 0; k < ps.size(); ++k) {
+        const ParamInfo& info = item->refs[g][k];
+        const std::string prefix = concat(name, "/state/", info.ref, "/");
+        for (auto it = saved.lower_bound(prefix); it != saved.end() && it->first.rfind(prefix, 0) == 0; ++it) {
+          Slot slot;  // no target: made by the loader, handed to finish()
+          slot.key = it->first;
+          slot.layout = info.layout;
+          slot.shard_numel = info.shard_numel;
+          slot.shape = info.shape ? *info.shape : ps[k].sizes().vec();
+          slot.numel = c10::multiply_integers(slot.shape);
+          slot.dtype = ps[k].scalar_type();
+          catalog_.slots.push_back(std::move(slot));
+        }
+      }
+    }
+    catalog_.items.emplace_back(name, "optimizer:" + item->codec->type);
+    optimizers_.push_back(std::move(item));
+  });
+  for_each_item(state, Stateful::Kind::Value,
+                [&](const std::string& name, const Stateful&) { catalog_.items.emplace_back(name, "value"); });
+}
+
+std::string LoadCatalog::problem(const c10::impl::GenericDict& objects) const {
+  for (const auto& o : optimizers_) {
+    if (!objects.contains(o->name)) return concat("has no optimizer '", o->name, "'");
+    Dict obj = objects.at(o->name).toGenericDict();
+    const std::string type = obj.at("type").toStringRef();
+    if (type != o->codec->type)
+      return concat("holds a ", type, " optimizer as '", o->name, "', this one is ", o->codec->type);
+    auto groups = obj.at("param_groups").toList();
+    std::string mine, theirs;
+    for (size_t g = 0; g < o->refs.size(); ++g) {
+      mine += concat(g ? "; " : "", "group ", g, ":");
+      for (const auto& r : o->refs[g]) mine += " " + r.ref;
+    }
+    for (size_t g = 0; g < groups.size(); ++g) {
+      theirs += concat(g ? "; " : "", "group ", g, ":");
+      for (const c10::IValue& r : groups.get(g).toGenericDict().at("params").toList().vec())
+        theirs += " " + r.toStringRef();
+    }
+    if (mine != theirs)
+      return concat("holds optimizer '", o->name, "' over other parameters (", theirs, "); this one has ", mine);
+  }
+  for (const auto& [name, item] : state_)
+    if (item.kind() == Stateful::Kind::Value && !objects.contains(name)) return concat("has no value '", name, "'");
+  return "";
+}
+
+void LoadCatalog::finish(const c10::impl::GenericDict& objects, std::map<std::string, at::Tensor>& loaded) {
+  for (const auto& o : optimizers_) {
+    Dict obj = objects.at(o->name).toGenericDict();
+    auto groups = obj.at("param_groups").toList();
+    Dict steps = obj.at("steps").toGenericDict();
+    for (size_t g = 0; g < o->refs.size(); ++g) {
+      optim::OptimizerParamGroup& group = o->optimizer->param_groups()[g];
+      o->codec->set_options(group.options(), groups.get(g).toGenericDict());
+      for (size_t k = 0; k < group.params().size(); ++k) {
+        const std::string& ref = o->refs[g][k].ref;
+        const std::string prefix = concat(o->name, "/state/", ref, "/");
+        std::map<std::string, at::Tensor> tensors;
+        for (auto it = loaded.lower_bound(prefix); it != loaded.end() && it->first.rfind(prefix, 0) == 0; ++it)
+          tensors[it->first.substr(prefix.size())] = it->second;
+        const std::string key = state_key(group.params()[k]);
+        if (tensors.empty() && !steps.contains(ref)) {
+          o->optimizer->state().erase(key);  // the checkpoint was taken before any step
+          continue;
+        }
+        const int64_t step = steps.contains(ref) ? steps.at(ref).toInt() : 0;
+        o->optimizer->state()[key] = o->codec->make(tensors, step);
+      }
+    }
+  }
+  for (const auto& [name, item] : state_)
+    if (item.kind() == Stateful::Kind::Value) item.set(objects.at(name));
+}
+
+}  // namespace chorus::detail::checkpoint
