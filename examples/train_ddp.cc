@@ -1,13 +1,20 @@
-// The main job: trains a small classifier with DDP on a synthetic dataset.
+// The main job: trains a small classifier with DDP (or FullShard: --strategy fsdp) on a
+// synthetic dataset.
 //
 //   chorusrun --nproc-per-node 4 build/examples/train_ddp     (scripts/demo.sh does this)
 //   build/examples/train_ddp --devices 4                       (Fabric::launch starts them)
+//   chorusrun --nproc-per-node 3 --max-restarts 1 build/examples/train_ddp --checkpoint-every 50
+//       (a sharded checkpoint every 50 steps; a restarted or re-run job resumes from the last one)
 //
 // Rank 0 makes the dataset (deterministic: 10 Gaussian classes in 64 dimensions) while the others
 // wait (rank_zero_first), then broadcasts it; every rank trains on its own shard with gradients
 // averaged by DistributedDataParallel; evaluation gathers the predictions and reduces the metrics
-// across ranks; rank 0 alone writes the checkpoint and prints progress and the summary. After
-// training, the ranks also check that their parameters are identical, bit for bit.
+// across ranks; rank 0 prints progress and the summary, which ends with a SHA-256 of the final
+// parameters. The final model is saved as one torch.save-compatible file. Under DDP the ranks
+// also check that their parameters are identical, bit for bit.
+// Resuming: the data order is a function of (epoch, step) and the checkpoint holds the model, the
+// optimizer, the step and every rank's RNG, so a resumed run ends with exactly the parameters of
+// an uninterrupted one.
 #include <chorus/chorus.h>
 #include <torch/torch.h>
 
@@ -18,6 +25,8 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+
+#include "sha256.h"
 
 namespace {
 
@@ -47,6 +56,7 @@ c10::IValue make_dataset(int64_t train, int64_t test, uint64_t seed) {
 class Progress {
  public:
   Progress(bool on, int epochs) : on_(on), tty_(isatty(STDOUT_FILENO)), epochs_(epochs) {}
+  bool tty() const { return tty_; }
   void update(int epoch, double fraction, double loss, double samples_per_s) {
     if (!on_) return;
     const int tenth = int(fraction * 10);
@@ -68,28 +78,36 @@ class Progress {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int train(int argc, char** argv) {
   CLI::App app{"train_ddp: a small classifier trained with chorus DDP on a synthetic dataset"};
   int devices = 4, epochs = 5, batch = 64;
   int64_t train_size = 200000, test_size = 20000;
   double lr = 0.05;
-  std::string out_dir = "/tmp/chorus-train-ddp";
+  std::string out_dir = "/tmp/chorus-train-ddp", strategy = "ddp", checkpoint_dir;
+  int64_t checkpoint_every = 0;
   app.add_option("--devices", devices, "processes to start when no launcher did")->check(CLI::PositiveNumber);
   app.add_option("--epochs", epochs)->check(CLI::PositiveNumber);
   app.add_option("--batch", batch, "samples per rank per step")->check(CLI::PositiveNumber);
   app.add_option("--train-size", train_size)->check(CLI::PositiveNumber);
   app.add_option("--test-size", test_size)->check(CLI::PositiveNumber);
   app.add_option("--lr", lr);
-  app.add_option("--out", out_dir, "where rank 0 writes the checkpoint");
+  app.add_option("--out", out_dir, "where the final model is written (model.pt)");
+  app.add_option("--strategy", strategy, "ddp, or fsdp (FullShard: parameters, gradients, Adam state sharded)")
+      ->check(CLI::IsMember({"ddp", "fsdp"}));
+  app.add_option("--checkpoint-every", checkpoint_every, "save a sharded checkpoint every N steps (0: never)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--checkpoint-dir", checkpoint_dir,
+                 "where checkpoints go (default <out>/checkpoint); a run started on one resumes from it");
   CLI11_PARSE(app, argc, argv);
   at::set_num_threads(1);  // ranks share the cores
 
-  chorus::Fabric fabric({.devices = devices});
+  if (checkpoint_dir.empty()) checkpoint_dir = out_dir + "/checkpoint";
+  chorus::Fabric fabric({.devices = devices, .strategy = strategy});
   fabric.launch();
   const int rank = fabric.global_rank(), world = fabric.world_size();
   const auto t_start = Clock::now();
-  fabric.print("train_ddp:", world, "ranks |", train_size, "training samples |", epochs, "epochs | batch", batch,
-               "per rank");
+  fabric.print("train_ddp:", world, "ranks |", strategy, "|", train_size, "training samples |", epochs,
+               "epochs | batch", batch, "per rank");
 
   // The dataset: made once on rank 0 while the others wait, then broadcast to everyone.
   c10::IValue data;
@@ -103,47 +121,65 @@ int main(int argc, char** argv) {
   chorus::set_seed(0);
   torch::nn::Sequential model(torch::nn::Linear(kDim, 512), torch::nn::ReLU(), torch::nn::Linear(512, 512),
                               torch::nn::ReLU(), torch::nn::Linear(512, kClasses));
-  auto& ddp = fabric.setup(model);
-  (void)ddp;
-  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(lr).momentum(0.9));
+  // Under "ddp" replicas (DDP inside), under "fsdp" shards: the same loop serves both.
+  auto& sdp = fabric.setup_module(model);
+  torch::optim::SGD opt(sdp.parameters(), torch::optim::SGDOptions(lr).momentum(0.9));
+  auto forward = [&](const at::Tensor& x) { return sdp.forward([&] { return model->forward(x); }); };
 
   // Each rank's shard: every world-th sample, reshuffled per epoch with a seed all ranks share.
   Progress progress(fabric.is_global_zero(), epochs);
   const int64_t per_rank = train_size / world;
   const int64_t steps = per_rank / batch;
+  int64_t step = 0;  // global: epoch (1-based) = step / steps + 1
+  chorus::CheckpointState state{{"model", sdp}, {"optimizer", opt}, {"step", step}};
+  if (std::filesystem::exists(checkpoint_dir + "/metadata")) {
+    fabric.load(checkpoint_dir, state);
+    fabric.print("resumed from step", step, "(" + checkpoint_dir + ")");
+  }
   int64_t samples_seen = 0;
   const auto t_train = Clock::now();
-  for (int epoch = 1; epoch <= epochs; ++epoch) {
+  for (int epoch = int(step / steps) + 1; epoch <= epochs; ++epoch) {
     auto gen = at::detail::createCPUGenerator(uint64_t(epoch));
     at::Tensor order = at::randperm(train_size, gen).slice(0, rank, world * per_rank, world);
     double running = 0;
-    for (int64_t s = 0; s < steps; ++s) {
+    for (int64_t s = step % steps; s < steps; ++s) {
       at::Tensor idx = order.slice(0, s * batch, (s + 1) * batch);
       opt.zero_grad();
-      at::Tensor loss = torch::nn::functional::cross_entropy(model->forward(x_train.index_select(0, idx)),
-                                                             y_train.index_select(0, idx));
-      loss.backward();  // gradients averaged over the ranks here
+      at::Tensor loss =
+          torch::nn::functional::cross_entropy(forward(x_train.index_select(0, idx)), y_train.index_select(0, idx));
+      loss.backward();  // gradients averaged (DDP) or reduce-scattered into the shards (fsdp) here
       opt.step();
-      running = s == 0 ? loss.item<double>() : 0.95 * running + 0.05 * loss.item<double>();
+      ++step;
+      running = running == 0 ? loss.item<double>() : 0.95 * running + 0.05 * loss.item<double>();
       samples_seen += batch * world;
       const double secs = std::chrono::duration<double>(Clock::now() - t_train).count();
       progress.update(epoch, double(s + 1) / double(steps), running, double(samples_seen) / secs);
+      if (checkpoint_every > 0 && step % checkpoint_every == 0) {
+        fabric.save(checkpoint_dir, state, chorus::CheckpointFormat::Sharded);
+        if (!progress.tty()) fabric.print("checkpoint: step", step, "->", checkpoint_dir);
+      }
     }
   }
   const double train_secs = std::chrono::duration<double>(Clock::now() - t_train).count();
   torch::NoGradGuard no_grad;
 
-  // The replicas must agree bit for bit: every rank compares its parameters with rank 0's.
-  std::vector<at::Tensor> flat;
-  for (const auto& p : model->parameters()) flat.push_back(p.reshape(-1));
-  const at::Tensor params = at::cat(flat);
+  // The final parameters: gathered when sharded; fingerprinted on rank 0. Under DDP the replicas
+  // must also agree bit for bit: every rank compares its parameters with rank 0's.
+  at::Tensor params;
+  {
+    chorus::GatheredParameters full({model.ptr()});  // a no-op under DDP
+    std::vector<at::Tensor> flat;
+    for (const auto& p : model->parameters()) flat.push_back(p.reshape(-1).clone());
+    params = at::cat(flat);
+  }
+  const std::string fingerprint = sha256_hex(params.data_ptr(), size_t(params.numel()) * params.element_size());
   const int64_t differ =
       fabric.all_reduce(torch::tensor(int64_t(!at::equal(params, fabric.broadcast(params, 0)))), nullptr, "sum")
           .item<int64_t>();
 
   // Evaluation: every rank scores its shard; predictions are gathered on rank 0, metrics reduced.
   at::Tensor mine = at::arange(rank, test_size, world);
-  at::Tensor logits = model->forward(x_test.index_select(0, mine));
+  at::Tensor logits = forward(x_test.index_select(0, mine));
   at::Tensor preds = logits.argmax(1);
   c10::impl::GenericDict metrics(c10::StringType::get(), c10::AnyType::get());
   metrics.insert("correct", preds.eq(y_test.index_select(0, mine)).sum().item<int64_t>());
@@ -157,6 +193,9 @@ int main(int argc, char** argv) {
   const double accuracy = double(totals.at("correct").toInt()) / double(totals.at("count").toInt());
   const double test_loss = totals.at("loss_sum").toDouble() / double(totals.at("count").toInt());
 
+  // The final model as one file (rank 0 writes it; sharded parameters are gathered one at a time):
+  // torch.load / torch::pickle_load read it as {"model": {name: tensor}}.
+  fabric.save(out_dir + "/model.pt", {{"model", sdp}}, chorus::CheckpointFormat::Full);
   if (fabric.is_global_zero()) {
     std::vector<at::Tensor> owners;
     for (int r = 0; r < world; ++r) owners.push_back(at::arange(r, test_size, world));
@@ -168,21 +207,29 @@ int main(int argc, char** argv) {
       const int percent = int(100 * hit.masked_select(in_class).to(at::kFloat).mean().item<float>());
       per_class += (c ? " " : "") + std::to_string(percent);
     }
-    std::filesystem::create_directories(out_dir);
-    torch::save(model, out_dir + "/model.pt");
     std::printf("per-class accuracy (%%): %s\n", per_class.c_str());
-    std::printf("checkpoint: %s/model.pt (rank 0 only)\n", out_dir.c_str());
+    std::printf("model: %s/model.pt (one file, torch.load-compatible)\n", out_dir.c_str());
     if (differ == 0)
-      std::printf("replicas: all %d ranks hold the same %lld parameters, bit for bit\n", world,
-                  (long long)params.numel());
+      std::printf("%s: all %d ranks hold the same %lld parameters, bit for bit\n",
+                  strategy == "fsdp" ? "gathered from the shards" : "replicas", world, (long long)params.numel());
     else
       std::printf("replicas: %lld of %d ranks hold parameters that differ from rank 0's\n", (long long)differ, world);
     std::printf(
         "summary: %d ranks, %d epochs, %lld samples in %.1f s (%.0f samples/s); test accuracy %.2f%%, test loss %.4f; "
         "total %.1f s\n",
-        world, epochs, (long long)samples_seen, train_secs, double(samples_seen) / train_secs, accuracy * 100,
-        test_loss, std::chrono::duration<double>(Clock::now() - t_start).count());
+        world, epochs, (long long)samples_seen, train_secs, double(samples_seen) / std::max(train_secs, 1e-9),
+        accuracy * 100, test_loss, std::chrono::duration<double>(Clock::now() - t_start).count());
+    std::printf("parameters sha256 %s\n", fingerprint.c_str());
   }
   fabric.barrier();
   return accuracy > 0.5 && differ == 0 ? 0 : 1;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return train(argc, argv);
+  } catch (const std::exception& e) {  // a dead peer, a bad checkpoint: said once, then exit 1
+    std::fprintf(stderr, "train_ddp: %s\n", e.what());
+    return 1;
+  }
 }
