@@ -406,7 +406,8 @@ struct LoadCatalog::OptimizerItem {
   std::vector<std::vector<ParamInfo>> refs;
 };
 
-LoadCatalog::LoadCatalog(const CheckpointState& state, const std::map<std::string, int64_t>& saved) : state_(state) {
+LoadCatalog::LoadCatalog(const CheckpointState& state, const std::map<std::string, at::ScalarType>& saved)
+    : state_(state) {
   std::unordered_map<const c10::TensorImpl*, ParamInfo> params;
   for (const auto& [name, item] : state) check_item_name(name);
   for_each_item(state, Stateful::Kind::Module, [&](const std::string& name, const Stateful& s) {
@@ -423,14 +424,24 @@ LoadCatalog::LoadCatalog(const CheckpointState& state, const std::map<std::strin
       for (size_t k = 0; k < ps.size(); ++k) {
         const ParamInfo& info = item->refs[g][k];
         const std::string prefix = concat(name, "/state/", info.ref, "/");
+        Tensors existing;  // state the optimizer has already: loaded in place when it fits
+        if (auto st = s.optimizer()->state().find(state_key(ps[k])); st != s.optimizer()->state().end())
+          existing = item->codec->tensors(*st->second);
         for (auto it = saved.lower_bound(prefix); it != saved.end() && it->first.rfind(prefix, 0) == 0; ++it) {
-          Slot slot;  // no target: made by the loader, handed to finish()
+          Slot slot;  // without a target, made by the loader and handed to finish()
           slot.key = it->first;
           slot.layout = info.layout;
           slot.shard_numel = info.shard_numel;
           slot.shape = info.shape ? *info.shape : ps[k].sizes().vec();
           slot.numel = c10::multiply_integers(slot.shape);
-          slot.dtype = ps[k].scalar_type();
+          slot.dtype = it->second;
+          const int64_t local = slot.layout == Layout::Sharded ? slot.shard_numel : slot.numel;
+          for (const auto& [tname, t] : existing)
+            if (tname == it->first.substr(prefix.size()) && t.defined() && t.scalar_type() == slot.dtype &&
+                t.numel() == local && t.is_contiguous()) {
+              slot.local = t.detach();
+              in_place_[slot.key] = t;
+            }
           catalog_.slots.push_back(std::move(slot));
         }
       }
@@ -480,8 +491,9 @@ void LoadCatalog::finish(const c10::impl::GenericDict& objects, std::map<std::st
         const std::string& ref = o->refs[g][k].ref;
         const std::string prefix = concat(o->name, "/state/", ref, "/");
         std::map<std::string, at::Tensor> tensors;
-        for (auto it = loaded.lower_bound(prefix); it != loaded.end() && it->first.rfind(prefix, 0) == 0; ++it)
-          tensors[it->first.substr(prefix.size())] = it->second;
+        for (const auto* from : {&loaded, &in_place_})
+          for (auto it = from->lower_bound(prefix); it != from->end() && it->first.rfind(prefix, 0) == 0; ++it)
+            tensors[it->first.substr(prefix.size())] = it->second;
         const std::string key = state_key(group.params()[k]);
         if (tensors.empty() && !steps.contains(ref)) {
           o->optimizer->state().erase(key);  // the checkpoint was taken before any step

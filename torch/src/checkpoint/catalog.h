@@ -51,11 +51,12 @@ struct Catalog {
 Catalog catalog_for_save(const CheckpointState& state);
 
 // Load: the slots to fill (optimizer slots for the state tensors the checkpoint has, which `saved`
-// lists by key), then finish() applies what is not a tensor. Throws InvalidArgument for state
+// lists by key with their dtypes; an optimizer's existing state tensors are filled in place when
+// they fit), then finish() applies what is not a tensor. Throws InvalidArgument for state
 // that cannot be loaded now (a sharded module in forward, an optimizer type chorus cannot restore).
 class LoadCatalog {
  public:
-  LoadCatalog(const CheckpointState& state, const std::map<std::string, int64_t>& saved);
+  LoadCatalog(const CheckpointState& state, const std::map<std::string, at::ScalarType>& saved);
   Catalog& catalog() { return catalog_; }
   // What makes the checkpoint's non-tensor state (`objects`) unfit for this state, or "".
   std::string problem(const c10::impl::GenericDict& objects) const;
@@ -67,6 +68,7 @@ class LoadCatalog {
   Catalog catalog_;
   const CheckpointState& state_;
   std::vector<std::shared_ptr<OptimizerItem>> optimizers_;
+  std::map<std::string, at::Tensor> in_place_;  // optimizer state filled where it was
 };
 
 }  // namespace chorus::detail::checkpoint

@@ -173,12 +173,16 @@ c10::impl::GenericDict load_checkpoint(const std::string& path, const Checkpoint
   Meta meta;
   agree(*group, [&] { meta = read_meta(path); });
   std::map<std::string, int64_t> saved;
-  for (size_t i = 0; i < meta.tensors.size(); ++i) saved[meta.tensors[i].key] = int64_t(i);
+  std::map<std::string, at::ScalarType> dtypes;
+  for (size_t i = 0; i < meta.tensors.size(); ++i) {
+    saved[meta.tensors[i].key] = int64_t(i);
+    dtypes[meta.tensors[i].key] = meta.tensors[i].dtype;
+  }
   std::unique_ptr<LoadCatalog> lc;
   std::vector<int64_t> use;
   Reader reader(path, meta);
   agree(*group, [&] {
-    lc = std::make_unique<LoadCatalog>(state, saved);
+    lc = std::make_unique<LoadCatalog>(state, dtypes);
     use = match(path, meta, state, *lc, saved, options.strict);
   });
   agree(*group, [&] { reader.verify(rank, world); });
