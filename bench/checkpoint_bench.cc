@@ -20,7 +20,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+
 #include <filesystem>
+#include "mlp_model.h"
 
 namespace {
 
@@ -28,17 +30,6 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-torch::nn::Sequential make_model(int64_t h) {
-  torch::manual_seed(0);
-  torch::nn::Sequential m;
-  for (int i = 0; i < 6; ++i) {
-    m->push_back(torch::nn::Linear(h, h));
-    m->push_back(torch::nn::ReLU());
-  }
-  m->push_back(torch::nn::Linear(h, 10));
-  return m;
-}
 
 // Adam's state exists after a step: take one with zero gradients.
 void make_adam_state(torch::optim::Adam& opt) {
@@ -64,7 +55,7 @@ void fsync_path(const std::string& path) {
 double mib_s(int64_t bytes, double s) { return double(bytes) / (1 << 20) / s; }
 
 void run_torch(int64_t h, const std::string& dir) {
-  auto model = make_model(h);
+  auto model = make_mlp(h);
   torch::optim::Adam opt(model->parameters(), 1e-4);
   make_adam_state(opt);
   std::vector<at::Tensor> all;
@@ -93,7 +84,7 @@ void run_torch(int64_t h, const std::string& dir) {
 void run_chorus(int world, int64_t h, const std::string& dir) {
   chorus::Fabric fabric({.devices = world});
   fabric.launch();
-  auto model = make_model(h);
+  auto model = make_mlp(h);
   chorus::ShardedDataParallel sdp(model.ptr());
   torch::optim::Adam opt(sdp.parameters(), 1e-4);
   make_adam_state(opt);
@@ -143,7 +134,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   fs::create_directories(dir);
-  const int64_t params = 6 * (h * h + h) + h * 10 + 10, bytes = 3 * 4 * params;
+  const int64_t params = mlp_params(h), bytes = 3 * 4 * params;
   std::printf("# chorus-checkpoint-bench: %.1fM parameters + Adam state = %.2f GiB, world=%d, in %s\n", params / 1e6,
               double(bytes) / (1 << 30), world, dir.c_str());
   std::fflush(stdout);

@@ -19,26 +19,15 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+
 #include <fstream>
 #include <sstream>
+#include "mlp_model.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 const char* const kModes[] = {"ddp", "shard_grad_op", "full_shard", "full_shard_units"};
-
-torch::nn::Sequential make_model(int64_t h) {
-  torch::manual_seed(0);
-  torch::nn::Sequential m;
-  for (int i = 0; i < 6; ++i) {
-    m->push_back(torch::nn::Linear(h, h));
-    m->push_back(torch::nn::ReLU());
-  }
-  m->push_back(torch::nn::Linear(h, 10));
-  return m;
-}
-
-int64_t params_of(int64_t h) { return 6 * (h * h + h) + h * 10 + 10; }
 
 // The width, a multiple of 64, whose model has about `params` parameters.
 int64_t width_for(double params) { return std::max<int64_t>(64, 64 * std::llround(std::sqrt(params / 6.0) / 64)); }
@@ -83,7 +72,7 @@ int64_t optimizer_bytes(torch::optim::Adam& opt) {
 
 void run_mode(chorus::Fabric& fabric, const std::string& mode, int64_t h, int warmup, int steps) {
   const int rank = fabric.global_rank();
-  auto model = make_model(h);
+  auto model = make_mlp(h);
   std::unique_ptr<chorus::DistributedDataParallel> ddp;
   std::unique_ptr<chorus::ShardedDataParallel> sdp;
   std::vector<at::Tensor> params;
@@ -128,7 +117,7 @@ void run_mode(chorus::Fabric& fabric, const std::string& mode, int64_t h, int wa
   chorus::default_group()->all_reduce_(rss, chorus::ReduceOp::Max);
   if (fabric.is_global_zero())
     std::printf("%s world=%d params=%lld median_ms=%.1f peak_rss_mib=%.0f model_state_mib=%.0f\n", mode.c_str(),
-                fabric.world_size(), (long long)params_of(h), ms[ms.size() / 2], rss.item<double>(),
+                fabric.world_size(), (long long)mlp_params(h), ms[ms.size() / 2], rss.item<double>(),
                 double(state) / (1 << 20));
   std::fflush(stdout);
   fabric.barrier();
@@ -149,7 +138,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   const bool modes_given = app.count("--modes") > 0;
   const int64_t h = width_for(parse_count(params));
-  const double psi = double(params_of(h));
+  const double psi = double(mlp_params(h));
 
   if (mode.empty() && std::getenv("RANK") == nullptr && std::getenv("CHORUS_RANK") == nullptr) {
     // One fresh set of ranks per mode, so each peak RSS is that mode's.

@@ -1,0 +1,21 @@
+// The model of chorus-sharded-bench and chorus-checkpoint-bench (and of
+// ../shared/anchors/torch_zero_bench.py): Linear(H,H)-ReLU x6 then Linear(H,10), seed 0.
+// H = 4096: 100.7M f32 parameters.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+
+inline torch::nn::Sequential make_mlp(int64_t h) {
+  torch::manual_seed(0);
+  torch::nn::Sequential m;
+  for (int i = 0; i < 6; ++i) {
+    m->push_back(torch::nn::Linear(h, h));
+    m->push_back(torch::nn::ReLU());
+  }
+  m->push_back(torch::nn::Linear(h, 10));
+  return m;
+}
+
+inline int64_t mlp_params(int64_t h) { return 6 * (h * h + h) + h * 10 + 10; }
