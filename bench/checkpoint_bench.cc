@@ -7,8 +7,9 @@
 //   chorus_*      W ranks with the model FullShard-ed: save_checkpoint in the sharded format (every
 //                 rank writes its shards in parallel, fsync, metadata renamed in) and in the full
 //                 format (rank 0 writes one file), then load_checkpoint of each
-// Times are wall clock on rank 0 between barriers; every save includes its fsyncs. Loads read
-// what was just written, so they come from the page cache, for chorus and torch alike.
+// Times are wall clock on rank 0 between barriers, the median of --repeat saves and loads; every
+// chorus save includes its fsyncs (torch_save is printed without and with one). Loads read what
+// was just written, so they come from the page cache, for chorus and torch alike.
 #include <chorus/chorus.h>
 #include <torch/torch.h>
 
@@ -17,6 +18,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -52,9 +54,14 @@ void fsync_path(const std::string& path) {
   }
 }
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 double mib_s(int64_t bytes, double s) { return double(bytes) / (1 << 20) / s; }
 
-void run_torch(int64_t h, const std::string& dir) {
+void run_torch(int64_t h, const std::string& dir, int repeat) {
   auto model = make_mlp(h);
   torch::optim::Adam opt(model->parameters(), 1e-4);
   make_adam_state(opt);
@@ -66,22 +73,26 @@ void run_torch(int64_t h, const std::string& dir) {
   }
   const int64_t bytes = adam_bytes(model->parameters());
   const std::string path = dir + "/torch.pt";
-  auto t0 = Clock::now();
-  torch::save(all, path);
-  const double save_s = since(t0);
-  fsync_path(path);
-  const double save_sync_s = since(t0);
-  std::vector<at::Tensor> back;
-  t0 = Clock::now();
-  torch::load(back, path);
-  const double load_s = since(t0);
+  std::vector<double> save_s, save_sync_s, load_s;
+  for (int i = 0; i < repeat; ++i) {
+    auto t0 = Clock::now();
+    torch::save(all, path);
+    save_s.push_back(since(t0));
+    fsync_path(path);
+    save_sync_s.push_back(since(t0));
+    std::vector<at::Tensor> back;
+    t0 = Clock::now();
+    torch::load(back, path);
+    load_s.push_back(since(t0));
+    fs::remove(path);
+  }
   std::printf(
       "torch_save world=1 bytes=%lld save_s=%.2f save_mib_s=%.0f save_fsync_s=%.2f save_fsync_mib_s=%.0f load_s=%.2f\n",
-      (long long)bytes, save_s, mib_s(bytes, save_s), save_sync_s, mib_s(bytes, save_sync_s), load_s);
-  fs::remove(path);
+      (long long)bytes, median(save_s), mib_s(bytes, median(save_s)), median(save_sync_s),
+      mib_s(bytes, median(save_sync_s)), median(load_s));
 }
 
-void run_chorus(int world, int64_t h, const std::string& dir) {
+void run_chorus(int world, int64_t h, const std::string& dir, int repeat) {
   chorus::Fabric fabric({.devices = world});
   fabric.launch();
   auto model = make_mlp(h);
@@ -93,22 +104,24 @@ void run_chorus(int world, int64_t h, const std::string& dir) {
   for (auto format : {chorus::CheckpointFormat::Sharded, chorus::CheckpointFormat::Full}) {
     const bool sharded = format == chorus::CheckpointFormat::Sharded;
     const std::string path = dir + (sharded ? "/sharded" : "/full.pt");
-    fabric.barrier();
-    auto t0 = Clock::now();
-    fabric.save(path, state, format);
-    fabric.barrier();
-    const double save_s = since(t0);
-    t0 = Clock::now();
-    fabric.load(path, state);
-    fabric.barrier();
-    const double load_s = since(t0);
+    std::vector<double> save_s, load_s;
+    for (int i = 0; i < repeat; ++i) {
+      fabric.barrier();
+      auto t0 = Clock::now();
+      fabric.save(path, state, format);
+      fabric.barrier();
+      save_s.push_back(since(t0));
+      t0 = Clock::now();
+      fabric.load(path, state);
+      fabric.barrier();
+      load_s.push_back(since(t0));
+      if (fabric.is_global_zero()) fs::remove_all(path);
+    }
     if (fabric.is_global_zero())
       std::printf("chorus_%s world=%d bytes=%lld save_s=%.2f save_mib_s=%.0f load_s=%.2f load_mib_s=%.0f\n",
-                  sharded ? "sharded" : "full", world, (long long)bytes, save_s, mib_s(bytes, save_s), load_s,
-                  mib_s(bytes, load_s));
+                  sharded ? "sharded" : "full", world, (long long)bytes, median(save_s), mib_s(bytes, median(save_s)),
+                  median(load_s), mib_s(bytes, median(load_s)));
     std::fflush(stdout);
-    fabric.barrier();
-    if (fabric.is_global_zero()) fs::remove_all(path);
   }
 }
 
@@ -116,21 +129,22 @@ void run_chorus(int world, int64_t h, const std::string& dir) {
 
 int main(int argc, char** argv) {
   CLI::App app{"chorus-checkpoint-bench: save/load of a sharded model with Adam state vs torch::save and dd"};
-  int world = 4;
+  int world = 4, repeat = 3;
   int64_t h = 4096;
   std::string dir = "/tmp/chorus-checkpoint-bench", mode;
   app.add_option("--world,--np", world, "ranks for the chorus runs")->check(CLI::PositiveNumber);
   app.add_option("--hidden", h, "width H (4096: 100.7M parameters)")->check(CLI::PositiveNumber);
+  app.add_option("--repeat", repeat, "saves and loads per peer (the median is printed)")->check(CLI::PositiveNumber);
   app.add_option("--dir", dir, "where the files go (on the disk to measure)");
   app.add_option("--mode", mode, "(internal) torch or chorus");
   CLI11_PARSE(app, argc, argv);
   at::set_num_threads(1);
   if (mode == "torch") {
-    run_torch(h, dir);
+    run_torch(h, dir, repeat);
     return 0;
   }
   if (mode == "chorus" || std::getenv("RANK") || std::getenv("CHORUS_RANK")) {
-    run_chorus(world, h, dir);
+    run_chorus(world, h, dir, repeat);
     return 0;
   }
   fs::create_directories(dir);
@@ -146,7 +160,8 @@ int main(int argc, char** argv) {
   const double dd_s = since(t0);
   std::printf("dd bytes=%lld seconds=%.2f mib_s=%.0f\n", (long long)(mib << 20), dd_s, mib_s(mib << 20, dd_s));
   std::fflush(stdout);
-  const std::string self = std::string(argv[0]) + " --hidden " + std::to_string(h) + " --dir " + dir;
+  const std::string self =
+      std::string(argv[0]) + " --hidden " + std::to_string(h) + " --dir " + dir + " --repeat " + std::to_string(repeat);
   int failed = std::system((self + " --mode torch").c_str()) != 0;
   failed += std::system((self + " --mode chorus --world " + std::to_string(world)).c_str()) != 0;
   return failed ? 1 : 0;
