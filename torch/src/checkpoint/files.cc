@@ -101,6 +101,26 @@ void File::write_at(const void* data, size_t n, int64_t offset) {
   }
 }
 
+uint64_t File::write_hashed_at(const void* data, size_t n, int64_t offset) {
+  constexpr size_t kChunk = size_t(2) << 20;
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_64bits_reset(st);
+  const char* p = static_cast<const char*>(data);
+  try {
+    for (size_t done = 0; done < n; done += kChunk) {
+      const size_t k = std::min(kChunk, n - done);
+      XXH3_64bits_update(st, p + done, k);
+      write_at(p + done, k, offset + int64_t(done));
+    }
+  } catch (...) {
+    XXH3_freeState(st);
+    throw;
+  }
+  const uint64_t h = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  return h;
+}
+
 void File::read_at(void* data, size_t n, int64_t offset) const {
   char* p = static_cast<char*>(data);
   while (n > 0) {

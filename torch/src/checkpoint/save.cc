@@ -123,8 +123,7 @@ void save_sharded(const std::string& path, const Catalog& c, ProcessGroup& group
           at::Tensor keep;
           const char* bytes = part_bytes(c.slots[i], keep, p.begin);
           const size_t n = size_t(p.end - p.begin) * c10::elementSize(c.slots[i].dtype);
-          hashes += concat(checksum(bytes, n), ",");
-          f.write_at(bytes, n, p.offset);
+          hashes += concat(f.write_hashed_at(bytes, n, p.offset), ",");
         }
       f.sync();
     });
