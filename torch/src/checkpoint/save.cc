@@ -76,13 +76,9 @@ std::string save_id(ProcessGroup& group) {
 
 // The part of slot s that this rank writes: contiguous bytes starting at element `begin`.
 const char* part_bytes(const Slot& s, at::Tensor& keep, int64_t begin) {
-  const size_t es = c10::elementSize(s.dtype);
-  if (s.layout == Layout::Sharded) {  // local holds the shard: its element 0 is `begin`
-    keep = s.local.contiguous();
-    return static_cast<const char*>(keep.data_ptr());
-  }
   keep = s.local.contiguous();
-  return static_cast<const char*>(keep.data_ptr()) + begin * int64_t(es);
+  const int64_t first = s.layout == Layout::Sharded ? begin : 0;  // a shard's element 0 is its range's first
+  return static_cast<const char*>(keep.data_ptr()) + (begin - first) * int64_t(c10::elementSize(s.dtype));
 }
 
 void check_slots(const Catalog& c, int world) {
