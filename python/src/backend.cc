@@ -262,6 +262,78 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::_reduce_scatter_base(at::Tens
                            pg_->reduce_scatter_into_async(output, input, reduce_op(opts.reduceOp, "reduce_scatter")));
 }
 
+c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                          std::vector<at::Tensor>& inputs,
+                                                          const c10d::GatherOptions& opts) {
+  at::Tensor& t = one(inputs, "gather");
+  const int root = int(opts.rootRank);
+  const bool mine = getRank() == root;
+  if (mine && (outputs.size() != 1 || int(outputs[0].size()) != getSize()))
+    throw InvalidArgument(
+        detail::concat("chorus backend: gather needs one output list of ", getSize(), " tensors on the root"));
+  auto work = pg_->gather_async(t, root);
+  std::vector<at::Tensor> out = mine ? outputs[0] : std::vector<at::Tensor>{};
+  return ChorusWork::track(getRank(), c10d::OpType::GATHER, "chorus:gather", out, work, [work, out] {
+    if (out.empty()) return;
+    at::Tensor stacked = work->result().at(0);
+    for (size_t r = 0; r < out.size(); ++r) out[r].copy_(stacked[int64_t(r)]);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::scatter(std::vector<at::Tensor>& outputs,
+                                                           std::vector<std::vector<at::Tensor>>& inputs,
+                                                           const c10d::ScatterOptions& opts) {
+  at::Tensor& t = one(outputs, "scatter");
+  const int root = int(opts.rootRank);
+  std::optional<at::Tensor> stacked;
+  if (getRank() == root) {
+    if (inputs.size() != 1 || int(inputs[0].size()) != getSize())
+      throw InvalidArgument(
+          detail::concat("chorus backend: scatter needs one input list of ", getSize(), " tensors on the root"));
+    stacked = at::stack(inputs[0]);
+  }
+  auto work = pg_->scatter_async(stacked, root);
+  return ChorusWork::track(getRank(), c10d::OpType::SCATTER, "chorus:scatter", outputs, work,
+                           [work, t]() mutable { t.copy_(work->result().at(0)); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                                  std::vector<std::vector<at::Tensor>>& inputs,
+                                                                  const c10d::ReduceScatterOptions& opts) {
+  at::Tensor& t = one(outputs, "reduce_scatter");
+  if (inputs.size() != 1 || int(inputs[0].size()) != getSize())
+    throw InvalidArgument(
+        detail::concat("chorus backend: reduce_scatter needs one input list of ", getSize(), " tensors"));
+  auto work = pg_->reduce_scatter_async(at::cat(inputs[0]), reduce_op(opts.reduceOp, "reduce_scatter"));
+  return ChorusWork::track(getRank(), c10d::OpType::REDUCE_SCATTER, "chorus:reduce_scatter", outputs, work,
+                           [work, t]() mutable { t.copy_(work->result().at(0).view_as(t)); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                                 std::vector<int64_t>& output_splits,
+                                                                 std::vector<int64_t>& input_splits,
+                                                                 const c10d::AllToAllOptions&) {
+  auto even = [&](const std::vector<int64_t>& splits, const at::Tensor& t) {
+    return splits.empty() || std::all_of(splits.begin(), splits.end(),
+                                         [&](int64_t s) { return s * getSize() == (t.dim() ? t.size(0) : 0); });
+  };
+  if (!even(output_splits, output) || !even(input_splits, input))
+    throw InvalidArgument("chorus backend: all_to_all_single with uneven split sizes is not supported yet");
+  auto work = pg_->all_to_all_async(input);
+  return ChorusWork::track(getRank(), c10d::OpType::ALLTOALL_BASE, "chorus:all_to_all_single", {output}, work,
+                           [work, output]() mutable { output.copy_(work->result().at(0).view_as(output)); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
+  at::Tensor& t = one(tensors, "send");
+  return ChorusWork::track(getRank(), c10d::OpType::SEND, "chorus:send", tensors, pg_->send_async(t, dst, tag));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
+  at::Tensor& t = one(tensors, "recv");
+  return ChorusWork::track(getRank(), c10d::OpType::RECV, "chorus:recv", tensors, pg_->recv_async(t, src, tag));
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::barrier(const c10d::BarrierOptions&) {
   return ChorusWork::track(getRank(), c10d::OpType::BARRIER, "chorus:barrier", {}, pg_->barrier_async());
 }

@@ -39,6 +39,27 @@ def body(rank, world, init):
     objs = [None] * world
     dist.all_gather_object(objs, {"rank": rank})
     assert objs == [{"rank": r} for r in range(world)], objs
+    g = [torch.zeros(2) for _ in range(world)] if rank == 0 else None
+    dist.gather(torch.full((2,), float(rank)), g, dst=0)
+    if rank == 0:
+        assert all(torch.equal(x, torch.full((2,), float(r))) for r, x in enumerate(g)), g
+    sc = torch.zeros(3)
+    dist.scatter(sc, [torch.full((3,), float(r)) for r in range(world)] if rank == 0 else None, src=0)
+    assert torch.equal(sc, torch.full((3,), float(rank))), sc
+    rsl = torch.zeros(2)
+    dist.reduce_scatter(rsl, [torch.full((2,), float(r)) for r in range(world)])
+    assert torch.equal(rsl, torch.full((2,), float(rank * world))), rsl
+    a2a = torch.zeros(world * 2)
+    dist.all_to_all_single(a2a, torch.arange(world * 2).float() + 100 * rank)
+    want = torch.cat([torch.arange(rank * 2, rank * 2 + 2).float() + 100 * p for p in range(world)])
+    assert torch.equal(a2a, want), a2a
+    if world > 1:
+        if rank == 0:
+            dist.send(torch.arange(3.0), 1)
+        elif rank == 1:
+            r = torch.zeros(3)
+            dist.recv(r, 0)
+            assert torch.equal(r, torch.arange(3.0)), r
     dist.barrier()
     # DDP: replicas stay equal.
     torch.manual_seed(rank)
