@@ -8,9 +8,11 @@
 // on its executor thread, which must never block, so a finished chorus work only hands its
 // completion to a pool of completer threads; the pool grows when every completer is busy (a
 // callback waiting on another collective), so a completion never waits behind the callback
-// that waits for it.
+// that waits for it. A thread that waits for the work (Work::wait, the common synchronous call)
+// completes the future itself as soon as chorus's work finished, whichever comes first.
 #include "backend.h"
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -135,21 +137,25 @@ class ChorusWork : public c10d::Work {
                                               std::function<void()> then = nullptr) {
     auto self = c10::make_intrusive<ChorusWork>(rank, type, title, std::move(outputs));
     self->work_ = work;
-    work->on_finish([self, then = std::move(then)](std::exception_ptr error) {
-      Completer::get().post([self, then, error] {
-        std::exception_ptr e = error;
-        if (!e && then) try {
-            then();
-          } catch (...) {
-            e = std::current_exception();
-          }
-        if (e)
-          self->future_->setError(e);
-        else
-          self->future_->markCompleted(c10::IValue(self->outputs_));
-      });
-    });
+    self->then_ = std::move(then);
+    work->on_finish(
+        [self](std::exception_ptr error) { Completer::get().post([self, error] { self->complete(error); }); });
     return self;
+  }
+
+  // Once, by whichever comes first: a completer thread, or a thread waiting in wait() (which then
+  // runs the future's callbacks itself, one thread hand-off sooner).
+  void complete(std::exception_ptr error) {
+    if (claimed_.exchange(true)) return;
+    if (!error && then_) try {
+        then_();
+      } catch (...) {
+        error = std::current_exception();
+      }
+    if (error)
+      future_->setError(error);
+    else
+      future_->markCompleted(c10::IValue(outputs_));
   }
 
   bool isCompleted() override { return future_->completed(); }
@@ -157,7 +163,15 @@ class ChorusWork : public c10d::Work {
   std::exception_ptr exception() const override { return future_->hasError() ? future_->exception_ptr() : nullptr; }
   std::vector<at::Tensor> result() override { return outputs_; }
   bool wait(std::chrono::milliseconds timeout) override {
-    if (timeout != ::kNoTimeout) work_->wait(timeout);  // TimeoutError naming who is missing
+    try {
+      work_->wait(timeout == ::kNoTimeout ? std::nullopt : std::optional<std::chrono::milliseconds>(timeout));
+      complete(nullptr);
+    } catch (const TimeoutError&) {
+      if (!work_->is_completed()) throw;  // the deadline passed; the work goes on
+      complete(work_->exception());
+    } catch (...) {
+      complete(std::current_exception());
+    }
     future_->wait();
     if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());
     return true;
@@ -167,6 +181,8 @@ class ChorusWork : public c10d::Work {
  private:
   std::vector<at::Tensor> outputs_;
   std::shared_ptr<chorus::Work> work_;
+  std::function<void()> then_;
+  std::atomic<bool> claimed_{false};
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
