@@ -35,6 +35,20 @@ std::string os_error(const std::string& what, const std::string& path) {
   return concat(what, " '", path, "': ", std::strerror(errno));
 }
 
+// XXH3-64 over bytes given in pieces.
+class Hasher {
+ public:
+  Hasher() : st_(XXH3_createState()) { XXH3_64bits_reset(st_); }
+  ~Hasher() { XXH3_freeState(st_); }
+  Hasher(const Hasher&) = delete;
+  Hasher& operator=(const Hasher&) = delete;
+  void update(const void* data, size_t n) { XXH3_64bits_update(st_, data, n); }
+  uint64_t digest() const { return XXH3_64bits_digest(st_); }
+
+ private:
+  XXH3_state_t* st_;
+};
+
 std::string random_suffix() {
   std::random_device rd;
   return concat(std::hex, rd(), rd());
@@ -45,24 +59,16 @@ std::string random_suffix() {
 uint64_t checksum(const void* data, size_t n) { return XXH3_64bits(data, n); }
 
 uint64_t checksum(const File& f, int64_t offset, int64_t n) {
-  XXH3_state_t* st = XXH3_createState();
-  XXH3_64bits_reset(st);
+  Hasher h;
   std::vector<char> buf(size_t(std::min<int64_t>(n, int64_t(8) << 20)));
-  try {
-    while (n > 0) {
-      const size_t k = size_t(std::min<int64_t>(n, int64_t(buf.size())));
-      f.read_at(buf.data(), k, offset);
-      XXH3_64bits_update(st, buf.data(), k);
-      offset += int64_t(k);
-      n -= int64_t(k);
-    }
-  } catch (...) {
-    XXH3_freeState(st);
-    throw;
+  while (n > 0) {
+    const size_t k = size_t(std::min<int64_t>(n, int64_t(buf.size())));
+    f.read_at(buf.data(), k, offset);
+    h.update(buf.data(), k);
+    offset += int64_t(k);
+    n -= int64_t(k);
   }
-  const uint64_t h = XXH3_64bits_digest(st);
-  XXH3_freeState(st);
-  return h;
+  return h.digest();
 }
 
 File File::create(const std::string& path) {
@@ -103,22 +109,14 @@ void File::write_at(const void* data, size_t n, int64_t offset) {
 
 uint64_t File::write_hashed_at(const void* data, size_t n, int64_t offset) {
   constexpr size_t kChunk = size_t(2) << 20;
-  XXH3_state_t* st = XXH3_createState();
-  XXH3_64bits_reset(st);
+  Hasher h;
   const char* p = static_cast<const char*>(data);
-  try {
-    for (size_t done = 0; done < n; done += kChunk) {
-      const size_t k = std::min(kChunk, n - done);
-      XXH3_64bits_update(st, p + done, k);
-      write_at(p + done, k, offset + int64_t(done));
-    }
-  } catch (...) {
-    XXH3_freeState(st);
-    throw;
+  for (size_t done = 0; done < n; done += kChunk) {
+    const size_t k = std::min(kChunk, n - done);
+    h.update(p + done, k);
+    write_at(p + done, k, offset + int64_t(done));
   }
-  const uint64_t h = XXH3_64bits_digest(st);
-  XXH3_freeState(st);
-  return h;
+  return h.digest();
 }
 
 void File::read_at(void* data, size_t n, int64_t offset) const {
