@@ -3,11 +3,12 @@
 # Usage: scripts/install-deps.sh [--bench]   (--bench adds matplotlib for bench/plot.py)
 # The gloo and mpi backends build on libgloo-dev and libopenmpi-dev. The tests start programs
 # under torchrun (python3-torch) and mpirun (openmpi-bin) too, and make network namespaces
-# (iproute2) to stand in for other hosts.
+# (iproute2) to stand in for other hosts. chorus_torch, the torch.distributed backend, builds
+# against Debian's python3-torch with python3-dev and pybind11-dev.
 set -euo pipefail
 
 packages=(cmake g++ make libgtest-dev libcli11-dev libgloo-dev libopenmpi-dev libopenblas0-pthread libtorch-dev
-          libxxhash-dev openmpi-bin python3-torch iproute2 clang-format)
+          libxxhash-dev openmpi-bin python3-torch python3-dev pybind11-dev iproute2 clang-format)
 if [[ "${1:-}" == "--bench" ]]; then
   packages+=(python3-matplotlib)
 fi

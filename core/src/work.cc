@@ -5,6 +5,7 @@
 namespace chorus {
 
 void Work::wait(std::optional<std::chrono::milliseconds> timeout) {
+  if (!timeout) run_here();  // a timed wait must be able to return while the operation goes on
   std::unique_lock<std::mutex> lock(mu_);
   if (timeout) {
     if (!cv_.wait_for(lock, *timeout, [&] { return done_; }))
@@ -49,9 +50,25 @@ void Work::finish(std::exception_ptr error) {
     done_ = true;
     error_ = error;
     callbacks.swap(callbacks_);
+    runner_ = nullptr;
   }
   cv_.notify_all();
   for (auto& fn : callbacks) fn(error);
+}
+
+void Work::set_runner(std::function<bool()> runner) {
+  std::lock_guard<std::mutex> lock(mu_);
+  runner_ = std::move(runner);
+}
+
+bool Work::run_here() {
+  std::function<bool()> runner;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (done_ || !runner_) return false;
+    runner = runner_;
+  }
+  return runner();
 }
 
 }  // namespace chorus

@@ -1,7 +1,10 @@
 // Subgroups, async work and point-to-point.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <mutex>
 #include <thread>
+#include <vector>
 
 #include "multiprocess.h"
 
@@ -95,6 +98,59 @@ TEST_P(Async, WorkCompletesInOrderAndReportsErrors) {
     RANK_CHECK(msg.find("rank 1") != std::string::npos, msg);
     RANK_CHECK(w->is_completed() && !w->is_success() && w->exception() != nullptr);
     ctx.store->set("done/0", "1");
+  }));
+}
+
+// Note [Running on the waiter]: a wait without a timeout runs a queued collective on the waiting
+// thread when it is next and the executor is idle; never ahead of one that runs or is queued
+// before it; its error reaches the waiter.
+TEST_P(Async, AWaiterRunsTheNextQueuedCollectiveItselfAndNeverOutOfOrder) {
+  expect_all_ok(run_ranks(2, [&](RankContext& ctx) {
+    auto owned = Communicator::create(ctx.store, ctx.rank, ctx.world, options(5000ms));
+    Communicator& comm = *owned;
+    const auto me = std::this_thread::get_id();
+    int on_waiter = 0;
+    for (int i = 0; i < 200; ++i) {
+      std::thread::id ran_on;
+      int64_t x = comm.rank() + i;
+      auto w = comm.submit([&] {
+        ran_on = std::this_thread::get_id();
+        comm.all_reduce(&x, &x, 1, DataType::Int64, ReduceOp::Sum);  // its own drain must not wait for itself
+      });
+      w->wait();
+      RANK_CHECK(x == 1 + 2 * i, "iteration ", i, ": ", x);
+      on_waiter += ran_on == me;
+    }
+    RANK_CHECK(on_waiter > 0, "no wait ran its collective itself in 200 tries");
+
+    // Order: B is queued behind A, which runs on the executor until released; B's waiter must
+    // not start it first.
+    std::atomic<bool> release{false};
+    std::vector<char> order;
+    std::mutex order_mu;
+    auto a = comm.submit([&] {
+      while (!release) std::this_thread::sleep_for(1ms);
+      std::lock_guard<std::mutex> lock(order_mu);
+      order.push_back('A');
+    });
+    auto b = comm.submit([&] {
+      comm.barrier();
+      std::lock_guard<std::mutex> lock(order_mu);
+      order.push_back('B');
+    });
+    std::thread releaser([&] {
+      std::this_thread::sleep_for(50ms);
+      release = true;
+    });
+    b->wait();
+    releaser.join();
+    RANK_CHECK(a->is_completed() && order == std::vector<char>({'A', 'B'}));
+
+    // An error thrown by a body the waiter ran reaches it, and the communicator goes on.
+    auto bad = comm.submit([] { throw InvalidArgument("a body that fails on purpose"); });
+    auto msg = RANK_EXPECT_THROW(InvalidArgument, bad->wait());
+    RANK_CHECK(msg.find("on purpose") != std::string::npos, msg);
+    comm.barrier();
   }));
 }
 

@@ -1,5 +1,6 @@
 """chorus as a torch.distributed backend: `import chorus_torch`, then
 `torch.distributed.init_process_group("chorus", ...)`."""
+import inspect
 import os
 
 import torch  # noqa: F401  (torch's types first: the backend returns its ProcessGroup)
@@ -14,4 +15,6 @@ if os.path.realpath(_C._built_libtorch) != _C._loaded_libtorch():
     )
 
 if "CHORUS" not in dist.Backend._plugins:
-    dist.Backend.register_backend("chorus", _C._create)
+    # torch 2.x asks which devices a backend serves; 1.13 has no such argument.
+    devices = {"devices": ["cpu"]} if "devices" in inspect.signature(dist.Backend.register_backend).parameters else {}
+    dist.Backend.register_backend("chorus", _C._create, extended_api=True, **devices)

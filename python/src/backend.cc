@@ -1,6 +1,7 @@
-// chorus as a torch.distributed backend (issue 19), first cut: a c10d::ProcessGroup over chorus's
-// ProcessGroup, meeting its peers on the store torch hands the backend. Built only with
-// -DCHORUS_BUILD_PYTHON=ON while it grows; the ops it does not serve yet raise an error naming them.
+// chorus as a torch.distributed backend: a c10d::ProcessGroup over chorus's ProcessGroup, meeting
+// its peers on the store torch hands the backend. Every collective torch.distributed 1.13 has for
+// CPU tensors; what chorus refuses (sparse or non-CPU tensors, recv from any source) raises an
+// error naming the call.
 //
 // Note [Completing futures]
 // c10d's futures run their .then() callbacks on the thread that completes them, and DDP comm hooks
@@ -12,10 +13,15 @@
 // completes the future itself as soon as chorus's work finished, whichever comes first.
 #include "backend.h"
 
+#include "tensor_util.h"  // chorus's torch layer: dtype mapping and tensor checks
+
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <mutex>
+#include <numeric>
 #include <thread>
 
 namespace chorus::python {
@@ -138,8 +144,9 @@ class ChorusWork : public c10d::Work {
     auto self = c10::make_intrusive<ChorusWork>(rank, type, title, std::move(outputs));
     self->work_ = work;
     self->then_ = std::move(then);
-    work->on_finish(
-        [self](std::exception_ptr error) { Completer::get().post([self, error] { self->complete(error); }); });
+    work->on_finish([self](std::exception_ptr error) {
+      if (!self->waiter_.load()) Completer::get().post([self, error] { self->complete(error); });
+    });
     return self;
   }
 
@@ -163,6 +170,7 @@ class ChorusWork : public c10d::Work {
   std::exception_ptr exception() const override { return future_->hasError() ? future_->exception_ptr() : nullptr; }
   std::vector<at::Tensor> result() override { return outputs_; }
   bool wait(std::chrono::milliseconds timeout) override {
+    if (timeout == ::kNoTimeout) waiter_ = true;  // it completes the future itself, below
     try {
       work_->wait(timeout == ::kNoTimeout ? std::nullopt : std::optional<std::chrono::milliseconds>(timeout));
       complete(nullptr);
@@ -183,6 +191,7 @@ class ChorusWork : public c10d::Work {
   std::shared_ptr<chorus::Work> work_;
   std::function<void()> then_;
   std::atomic<bool> claimed_{false};
+  std::atomic<bool> waiter_{false};  // a thread waits without a timeout: no completer needed
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
@@ -201,14 +210,25 @@ chorus::ReduceOp reduce_op(const c10d::ReduceOp& op, const char* where) {
   throw InvalidArgument(detail::concat("chorus backend: ", where, ": this reduce op is not supported"));
 }
 
+// Dense CPU tensors only, named in the error.
+void dense(const at::Tensor& t, const char* where) {
+  if (!t.device().is_cpu() || t.is_sparse())
+    throw InvalidArgument(detail::concat("chorus backend: ", where, ": only dense CPU tensors, got ",
+                                         t.is_sparse() ? "a sparse tensor" : t.device().str()));
+}
+
+std::vector<at::Tensor> flat_views(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> flat;
+  flat.reserve(tensors.size());
+  for (const at::Tensor& t : tensors) flat.push_back(t.reshape({-1}));
+  return flat;
+}
+
 at::Tensor& one(std::vector<at::Tensor>& tensors, const char* where) {
   if (tensors.size() != 1)
     throw InvalidArgument(
         detail::concat("chorus backend: ", where, " takes one tensor per call, got ", tensors.size()));
-  const at::Tensor& t = tensors[0];
-  if (!t.device().is_cpu() || t.is_sparse())
-    throw InvalidArgument(detail::concat("chorus backend: ", where, ": only dense CPU tensors, got ",
-                                         t.is_sparse() ? "a sparse tensor" : t.device().str()));
+  dense(tensors[0], where);
   return tensors[0];
 }
 
@@ -219,15 +239,16 @@ ProcessGroupChorus::ProcessGroupChorus(std::shared_ptr<chorus::ProcessGroup> pg)
 
 c10::intrusive_ptr<c10d::ProcessGroup> ProcessGroupChorus::create(const c10::intrusive_ptr<c10d::Store>& store,
                                                                   int rank, int size, std::chrono::milliseconds timeout,
-                                                                  const std::string& name) {
+                                                                  const std::string& name,
+                                                                  std::vector<int> global_ranks) {
   CommunicatorOptions options;
   if (const char* b = std::getenv("CHORUS_BACKEND")) options.backend = b;
   options.timeout = timeout;
   options.name = name;
   auto comm = Communicator::create(std::make_shared<C10dStore>(store), rank, size, options);
-  std::vector<int> ranks(static_cast<size_t>(size));
-  for (int r = 0; r < size; ++r) ranks[size_t(r)] = r;
-  return c10::make_intrusive<ProcessGroupChorus>(std::make_shared<chorus::ProcessGroup>(comm, ranks));
+  if (global_ranks.empty())
+    for (int r = 0; r < size; ++r) global_ranks.push_back(r);
+  return c10::make_intrusive<ProcessGroupChorus>(std::make_shared<chorus::ProcessGroup>(comm, global_ranks));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::broadcast(std::vector<at::Tensor>& tensors,
@@ -329,15 +350,163 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::alltoall_base(at::Tensor& out
                                                                  std::vector<int64_t>& output_splits,
                                                                  std::vector<int64_t>& input_splits,
                                                                  const c10d::AllToAllOptions&) {
-  auto even = [&](const std::vector<int64_t>& splits, const at::Tensor& t) {
-    return splits.empty() || std::all_of(splits.begin(), splits.end(),
-                                         [&](int64_t s) { return s * getSize() == (t.dim() ? t.size(0) : 0); });
-  };
-  if (!even(output_splits, output) || !even(input_splits, input))
-    throw InvalidArgument("chorus backend: all_to_all_single with uneven split sizes is not supported yet");
-  auto work = pg_->all_to_all_async(input);
-  return ChorusWork::track(getRank(), c10d::OpType::ALLTOALL_BASE, "chorus:all_to_all_single", {output}, work,
-                           [work, output]() mutable { output.copy_(work->result().at(0).view_as(output)); });
+  const char* op = "all_to_all_single";
+  dense(input, op);
+  dense(output, op);
+  if (input.scalar_type() != output.scalar_type())
+    throw InvalidArgument(detail::concat("chorus backend: ", op, ": input is ", detail::describe(input),
+                                         " but output is ", detail::describe(output), "; they must share a dtype"));
+  return exchange(input, split_counts(input, input_splits, op, "input"), output,
+                  split_counts(output, output_splits, op, "output"), op, {output});
+}
+
+// Every rank's block of `t` along dim 0, in core elements: `splits` rows each, or even blocks.
+std::vector<size_t> ProcessGroupChorus::split_counts(const at::Tensor& t, const std::vector<int64_t>& splits,
+                                                     const char* op, const char* which) const {
+  const int64_t rows = t.dim() ? t.size(0) : 1;
+  const size_t row = rows ? detail::core_count(t) / size_t(rows) : 0;
+  std::vector<size_t> counts(static_cast<size_t>(getSize()));
+  if (splits.empty()) {
+    if (rows % getSize())
+      throw InvalidArgument(detail::concat("chorus backend: ", op, ": ", which, " has ", rows,
+                                           " rows, which do not split evenly over ", getSize(),
+                                           " ranks; pass split sizes"));
+    for (auto& c : counts) c = size_t(rows / getSize()) * row;
+    return counts;
+  }
+  int64_t total = 0;
+  for (int64_t s : splits) total += s;
+  if (int(splits.size()) != getSize() || total != rows ||
+      std::any_of(splits.begin(), splits.end(), [](int64_t s) { return s < 0; }))
+    throw InvalidArgument(detail::concat("chorus backend: ", op, ": ", which, " split sizes ",
+                                         detail::shape_string(splits), " must be ", getSize(),
+                                         " non-negative numbers adding up to its ", rows, " rows"));
+  for (size_t q = 0; q < counts.size(); ++q) counts[q] = size_t(splits[q]) * row;
+  return counts;
+}
+
+// all_to_all_v of contiguous `in` into `out` (copied back when out is not contiguous).
+c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::exchange(const at::Tensor& in, std::vector<size_t> send_counts,
+                                                            at::Tensor out, std::vector<size_t> recv_counts,
+                                                            const char* op, std::vector<at::Tensor> outputs,
+                                                            std::function<void(const at::Tensor&)> then) {
+  const auto type = detail::core_type(in.scalar_type());
+  if (!type)
+    throw InvalidArgument(detail::concat("chorus backend: ", op, ": chorus cannot move ", detail::describe(in)));
+  at::Tensor src = detail::plain(in), dst = detail::plain(out);
+  Communicator& comm = pg_->communicator();
+  auto work = comm.submit([&comm, src, dst, send_counts, recv_counts, dtype = type->dtype] {
+    comm.all_to_all_v(src.numel() ? src.data_ptr() : nullptr, send_counts, dst.numel() ? dst.data_ptr() : nullptr,
+                      recv_counts, dtype);
+  });
+  return ChorusWork::track(getRank(), c10d::OpType::ALLTOALL, op, std::move(outputs), work,
+                           [dst, out, then = std::move(then)]() mutable {
+                             if (!dst.is_same(out)) out.copy_(dst);
+                             if (then) then(dst);
+                           });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::alltoall(std::vector<at::Tensor>& outputs,
+                                                            std::vector<at::Tensor>& inputs,
+                                                            const c10d::AllToAllOptions&) {
+  const char* op = "all_to_all";
+  if (int(outputs.size()) != getSize() || int(inputs.size()) != getSize())
+    throw InvalidArgument(detail::concat("chorus backend: ", op, " takes ", getSize(), " input and ", getSize(),
+                                         " output tensors, got ", inputs.size(), " and ", outputs.size()));
+  std::vector<size_t> send(inputs.size()), recv(outputs.size());
+  for (size_t q = 0; q < inputs.size(); ++q) {
+    dense(inputs[q], op);
+    dense(outputs[q], op);
+    if (inputs[q].scalar_type() != inputs[0].scalar_type() || outputs[q].scalar_type() != inputs[0].scalar_type())
+      throw InvalidArgument(detail::concat("chorus backend: ", op, ": every tensor must have the dtype of the first (",
+                                           detail::describe(inputs[0]), "); ", detail::describe(inputs[q]), " and ",
+                                           detail::describe(outputs[q]), " at ", q));
+    send[q] = detail::core_count(inputs[q]);
+    recv[q] = detail::core_count(outputs[q]);
+  }
+  at::Tensor in = at::cat(flat_views(inputs));
+  at::Tensor out = at::empty({int64_t(std::accumulate(outputs.begin(), outputs.end(), int64_t(0),
+                                                      [](int64_t n, const at::Tensor& t) { return n + t.numel(); }))},
+                             inputs[0].options());
+  return exchange(in, send, out, recv, op, outputs, [outputs](const at::Tensor& got) {
+    int64_t at = 0;
+    for (const at::Tensor& t : outputs) {
+      const_cast<at::Tensor&>(t).copy_(got.slice(0, at, at + t.numel()).view(t.sizes()));
+      at += t.numel();
+    }
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                                       const c10d::AllreduceCoalescedOptions& opts) {
+  const char* op = "all_reduce_coalesced";
+  const ReduceOp reduce = reduce_op(opts.reduceOp, op);
+  // One flat tensor per dtype, reduced in order of first appearance, then copied back.
+  std::vector<std::pair<at::Tensor, std::vector<at::Tensor>>> groups;
+  for (const at::Tensor& t : tensors) {
+    dense(t, op);
+    auto g = std::find_if(groups.begin(), groups.end(),
+                          [&](const auto& entry) { return entry.second.front().scalar_type() == t.scalar_type(); });
+    if (g == groups.end()) g = groups.insert(groups.end(), {at::Tensor(), {}});
+    g->second.push_back(t);
+  }
+  for (auto& [flat, members] : groups) flat = at::cat(flat_views(members));
+  auto pg = pg_;
+  auto work = pg_->communicator().submit([pg, groups, reduce]() mutable {
+    for (auto& [flat, members] : groups) pg->all_reduce_(flat, reduce);
+  });
+  return ChorusWork::track(getRank(), c10d::OpType::ALLREDUCE_COALESCED, "chorus:all_reduce_coalesced", tensors, work,
+                           [groups] {
+                             for (const auto& [flat, members] : groups) {
+                               int64_t at = 0;
+                               for (at::Tensor t : members) {
+                                 t.copy_(flat.slice(0, at, at + t.numel()).view(t.sizes()));
+                                 at += t.numel();
+                               }
+                             }
+                           });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                                       std::vector<at::Tensor>& inputs,
+                                                                       const c10d::AllgatherOptions&) {
+  const char* op = "all_gather_coalesced";
+  if (int(outputs.size()) != getSize())
+    throw InvalidArgument(
+        detail::concat("chorus backend: ", op, " needs ", getSize(), " output lists, got ", outputs.size()));
+  for (size_t r = 0; r < outputs.size(); ++r) {
+    if (outputs[r].size() != inputs.size())
+      throw InvalidArgument(detail::concat("chorus backend: ", op, ": output list ", r, " has ", outputs[r].size(),
+                                           " tensors for ", inputs.size(), " inputs"));
+    for (size_t j = 0; j < inputs.size(); ++j) {
+      dense(inputs[j], op);
+      dense(outputs[r][j], op);
+      if (outputs[r][j].sizes() != inputs[j].sizes() || outputs[r][j].scalar_type() != inputs[j].scalar_type())
+        throw InvalidArgument(detail::concat("chorus backend: ", op, ": output ", r, "/", j, " is ",
+                                             detail::describe(outputs[r][j]), " for input ",
+                                             detail::describe(inputs[j])));
+    }
+  }
+  // Every input's bytes in one buffer; gathered as bytes, so tensors of several dtypes travel together.
+  std::vector<at::Tensor> bytes;
+  for (const at::Tensor& t : inputs) bytes.push_back(detail::plain(t).reshape({-1}).view(at::kByte));
+  at::Tensor in = at::cat(bytes);
+  at::Tensor all = at::empty({getSize() * in.numel()}, in.options());
+  auto work = pg_->all_gather_into_async(all, in);
+  std::vector<at::Tensor> flat_outputs;
+  for (auto& list : outputs) flat_outputs.insert(flat_outputs.end(), list.begin(), list.end());
+  const int64_t per_rank = in.numel();
+  return ChorusWork::track(getRank(), c10d::OpType::ALLGATHER_COALESCED, "chorus:all_gather_coalesced", flat_outputs,
+                           work, [outputs, all, per_rank] {
+                             for (size_t r = 0; r < outputs.size(); ++r) {
+                               int64_t at = int64_t(r) * per_rank;
+                               for (at::Tensor t : outputs[r]) {
+                                 const int64_t n = t.numel() * int64_t(t.element_size());
+                                 t.copy_(all.slice(0, at, at + n).view(t.scalar_type()).view(t.sizes()));
+                                 at += n;
+                               }
+                             }
+                           });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
@@ -348,6 +517,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::send(std::vector<at::Tensor>&
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
   at::Tensor& t = one(tensors, "recv");
   return ChorusWork::track(getRank(), c10d::OpType::RECV, "chorus:recv", tensors, pg_->recv_async(t, src, tag));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::recvAnysource(std::vector<at::Tensor>&, int) {
+  throw InvalidArgument(
+      "chorus backend: recv from any source (src=None) is not supported: name the rank to receive from");
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::barrier(const c10d::BarrierOptions&) {

@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,9 +18,11 @@ class ProcessGroupChorus : public c10d::ProcessGroup {
  public:
   explicit ProcessGroupChorus(std::shared_ptr<chorus::ProcessGroup> pg);
   // The creator torch calls for each group: rendezvous through `store` (torch's, already prefixed
-  // for the group), one Communicator per group.
+  // for the group), one Communicator per group. `global_ranks`: the default group's rank of each
+  // member (empty: this is the default group).
   static c10::intrusive_ptr<c10d::ProcessGroup> create(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                                       std::chrono::milliseconds timeout, const std::string& name);
+                                                       std::chrono::milliseconds timeout, const std::string& name,
+                                                       std::vector<int> global_ranks);
 
   const std::string getBackendName() const override { return "chorus"; }
 
@@ -47,11 +50,26 @@ class ProcessGroupChorus : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
                                                std::vector<int64_t>& output_splits, std::vector<int64_t>& input_splits,
                                                const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors,
+      const c10d::AllreduceCoalescedOptions& opts = c10d::AllreduceCoalescedOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts = c10d::BarrierOptions()) override;
 
  private:
+  std::vector<size_t> split_counts(const at::Tensor& t, const std::vector<int64_t>& splits, const char* op,
+                                   const char* which) const;
+  c10::intrusive_ptr<c10d::Work> exchange(const at::Tensor& in, std::vector<size_t> send_counts, at::Tensor out,
+                                          std::vector<size_t> recv_counts, const char* op,
+                                          std::vector<at::Tensor> outputs,
+                                          std::function<void(const at::Tensor&)> then = nullptr);
   std::shared_ptr<chorus::ProcessGroup> pg_;
 };
 

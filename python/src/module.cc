@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "backend.h"
 
@@ -33,15 +34,24 @@ std::string loaded_libtorch() {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "chorus as a torch.distributed backend";
+  // torch's extended creator API: the group's name (torch's group_id, "0" for the default group)
+  // and the global ranks of its members (empty for the default group) reach chorus's messages.
   m.def(
       "_create",
-      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::duration<float> timeout) {
-        const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(timeout);
+      [](const c10d::DistributedBackendOptions& opts, const py::object& /*pg_options*/) {
+        const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(opts.timeout);
+        std::vector<int> ranks(opts.global_ranks_in_group.begin(), opts.global_ranks_in_group.end());
+        std::string name = "world";
+        if (!ranks.empty()) {
+          name = "group " + opts.group_id + " = world ranks [";
+          for (size_t i = 0; i < ranks.size(); ++i) name += (i ? ", " : "") + std::to_string(ranks[i]);
+          name += "]";
+        }
         py::gil_scoped_release no_gil;  // the rendezvous blocks
-        static int groups = 0;
-        return chorus::python::ProcessGroupChorus::create(store, rank, size, ms, "group " + std::to_string(groups++));
+        return chorus::python::ProcessGroupChorus::create(opts.store, opts.group_rank, opts.group_size, ms, name,
+                                                          std::move(ranks));
       },
-      py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"));
+      py::arg("options"), py::arg("pg_options") = py::none());
   m.def("_loaded_libtorch", &loaded_libtorch);
   m.attr("_built_libtorch") = CHORUS_BUILT_LIBTORCH;
 }

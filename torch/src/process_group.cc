@@ -40,6 +40,10 @@ std::vector<at::Tensor> run_now(Prepared p) {
 std::shared_ptr<TensorWork> track(const std::shared_ptr<Work>& inner, std::vector<at::Tensor> outputs,
                                   std::function<void()> then = nullptr) {
   auto w = std::make_shared<TensorWork>(std::move(outputs));
+  w->set_runner([weak = std::weak_ptr<Work>(inner)] {  // a waiter runs a queued body itself
+    auto i = weak.lock();
+    return i && i->run_here();
+  });
   inner->on_finish([w, then = std::move(then)](std::exception_ptr error) {
     if (!error && then) {
       try {

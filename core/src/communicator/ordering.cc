@@ -2,8 +2,13 @@
 #include "communicator/ordering.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace chorus {
+
+namespace {
+thread_local const CallOrder* t_running_body = nullptr;  // whose submitted body this thread runs
+}
 
 CallOrder::~CallOrder() {
   {
@@ -12,6 +17,10 @@ CallOrder::~CallOrder() {
   }
   queue_cv_.notify_all();
   if (executor_.joinable()) executor_.join();
+  {
+    std::lock_guard<std::recursive_mutex> lock(anchor_->mu);  // a waiter's body first
+    anchor_->order = nullptr;
+  }
   for (auto& [t, work] : transfers_) t.join();
 }
 
@@ -23,35 +32,58 @@ std::shared_ptr<Work> CallOrder::submit(std::function<void()> body) {
     queue_.emplace_back(std::move(body), work);
     ++busy_;
   }
+  work->set_runner([anchor = anchor_, raw = work.get()] {
+    std::lock_guard<std::recursive_mutex> lock(anchor->mu);
+    return anchor->order && anchor->order->run_here(raw);
+  });
   queue_cv_.notify_all();
   return work;
+}
+
+void CallOrder::run_body(std::function<void()>& body, Work& work) {
+  const CallOrder* outer = std::exchange(t_running_body, this);
+  std::exception_ptr error;
+  try {
+    body();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  body = nullptr;  // release what it holds before anyone learns it finished
+  work.finish(error);
+  t_running_body = outer;
 }
 
 void CallOrder::executor_loop() {
   std::unique_lock<std::mutex> lock(queue_mu_);
   while (true) {
-    queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    queue_cv_.wait(lock, [&] { return (stopping_ && !running_) || (!queue_.empty() && !running_); });
     if (queue_.empty()) return;
-    auto [body, work] = std::move(queue_.front());
-    queue_.pop_front();
-    lock.unlock();
-    std::exception_ptr error;
-    try {
-      body();
-    } catch (...) {
-      error = std::current_exception();
-    }
-    body = nullptr;  // release what it holds before anyone learns it finished
-    work->finish(error);
-    lock.lock();
-    --busy_;
-    queue_cv_.notify_all();
+    run_front(lock);
   }
+}
+
+bool CallOrder::run_here(const Work* work) {
+  std::unique_lock<std::mutex> lock(queue_mu_);
+  if (running_ || queue_.empty() || queue_.front().second.get() != work || t_running_body == this) return false;
+  run_front(lock);
+  return true;
+}
+
+void CallOrder::run_front(std::unique_lock<std::mutex>& lock) {
+  auto [body, work] = std::move(queue_.front());
+  queue_.pop_front();
+  running_ = true;
+  lock.unlock();
+  run_body(body, *work);
+  lock.lock();
+  running_ = false;
+  --busy_;
+  queue_cv_.notify_all();
 }
 
 void CallOrder::wait_idle() {
   std::unique_lock<std::mutex> lock(queue_mu_);
-  if (std::this_thread::get_id() == executor_.get_id()) return;
+  if (t_running_body == this) return;
   queue_cv_.wait(lock, [&] { return busy_ == 0; });
 }
 

@@ -4,6 +4,12 @@
 //   - Submitted collectives (Communicator::submit) run on one executor thread per communicator,
 //     in submission order; a blocking collective from another thread first waits until every
 //     submitted one has finished, so the two kinds never interleave differently on two ranks.
+//   - Note [Running on the waiter]: a thread that waits (without a timeout) for a submitted
+//     collective that is first in the queue while the executor is idle takes it out of the queue
+//     and runs it itself; the executor starts nothing else meanwhile. The order stays the same,
+//     and `dist.all_reduce(t)` from Python, a submit followed at once by a wait, no longer pays
+//     for waking the executor and being woken by it: 8-byte all_reduce 35 -> 4.5 us, barrier
+//     22 -> 3.7 us at W=2 (gloo: 266 and 236 us in the same run).
 //   - Sends and receives are ordered per (peer, direction): each takes a ticket when it is
 //     issued and moves when the ticket before it is done, whatever thread it runs on. They do
 //     not wait for collectives, nor for other peers.
@@ -28,7 +34,8 @@ class CallOrder {
   ~CallOrder();  // runs what was submitted, then joins the executor and the transfer threads
 
   // ---- collectives ----
-  // Queues `body` to run on the executor thread after everything submitted before it.
+  // Queues `body` to run on the executor thread after everything submitted before it (or on a
+  // thread that waits for it, Note [Running on the waiter]).
   std::shared_ptr<Work> submit(std::function<void()> body);
   // Blocks until nothing submitted is queued or running. Returns at once on the executor thread
   // (a submitted body's own collectives must not wait for themselves).
@@ -60,12 +67,27 @@ class CallOrder {
   void pass_turn(size_t channel);
   void wait_idle();
   void executor_loop();
+  // Runs `work`'s body on this thread if it is first in the queue and nothing runs; true if it did.
+  bool run_here(const Work* work);
+  // Runs the first queued body on this thread; `lock` holds queue_mu_, released meanwhile.
+  void run_front(std::unique_lock<std::mutex>& lock);
+  void run_body(std::function<void()>& body, Work& work);
+
+  // What a submitted Work's runner reaches: this CallOrder until its destructor has finished
+  // everything (a waiter may call the runner after the Work finished).
+  struct Anchor {
+    explicit Anchor(CallOrder* o) : order(o) {}
+    std::recursive_mutex mu;  // held while a waiter runs a body (and its on_finish callbacks)
+    CallOrder* order;
+  };
+  std::shared_ptr<Anchor> anchor_ = std::make_shared<Anchor>(this);
 
   const int size_;
   std::mutex queue_mu_;
   std::condition_variable queue_cv_;
   std::deque<std::pair<std::function<void()>, std::shared_ptr<Work>>> queue_;
   std::atomic<size_t> busy_{0};  // queued + running
+  bool running_ = false;         // a body runs, on the executor or on a waiter
   bool stopping_ = false;
   std::thread executor_;
 

@@ -30,11 +30,18 @@ class Work {
   // For the executor: marks the operation finished, then runs the on_finish callbacks.
   // Thread-safe; wakes waiters.
   void finish(std::exception_ptr error);
+  // For the executor (Note [Running on the waiter]): `runner` runs the operation on the calling
+  // thread if it has not started yet and nothing must run before it, and says whether it did.
+  // wait() without a timeout tries it first.
+  void set_runner(std::function<bool()> runner);
+  // Runs the operation on this thread through its runner, if it has one that can; true if it did.
+  bool run_here();
 
   virtual ~Work() = default;
 
  private:
   std::vector<std::function<void(std::exception_ptr)>> callbacks_;
+  std::function<bool()> runner_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;

@@ -1,0 +1,307 @@
+"""Backend "chorus" from Python, beyond torch's own suite: DDP with PowerSGD and with
+find_unused_parameters, the error paths (dead peer, mismatch, timeout, a desynchronized DDP,
+what chorus refuses), and the launchers (mp.spawn without an explicit import, torchrun).
+Every rank runs in its own process; a test fails instead of hanging.
+
+  PYTHONUSERBASE=<build>/python/userbase /usr/bin/python3 python/tests/test_backend.py [-v] [-k PATTERN]"""
+import multiprocessing
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import traceback
+import unittest
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+TIMEOUT = 120  # seconds for any one test's processes
+if "CHORUS" not in dist.Backend._plugins:
+    sys.exit("backend chorus is not registered: run with PYTHONUSERBASE=<build>/python/userbase "
+             "(or with chorus_torch installed), which loads chorus_torch after torch in every process")
+
+
+def _child(fn, rank, world, init, timeout_s, errors):
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("chorus", init_method=init, rank=rank, world_size=world,
+                                timeout=timedelta(seconds=timeout_s))
+        fn(rank, world)
+    except BaseException:
+        errors.put((rank, traceback.format_exc()))
+        errors.close()
+        errors.join_thread()  # the report is written before the process ends
+        os._exit(1)
+    os._exit(0)  # no teardown: a test may leave its group broken on purpose
+
+
+def run_ranks(fn, world=2, timeout_s=60, expect_exit=None):
+    """Runs fn(rank, world) in `world` fresh processes after init_process_group("chorus").
+    Returns nothing; raises with every failing rank's traceback. expect_exit: {rank: code} for
+    ranks that leave on purpose."""
+    ctx = multiprocessing.get_context("spawn")
+    errors = ctx.Queue()
+    with tempfile.TemporaryDirectory() as d:
+        procs = [ctx.Process(target=_child, args=(fn, r, world, f"file://{d}/store", timeout_s, errors))
+                 for r in range(world)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(TIMEOUT)
+        hung = [r for r, p in enumerate(procs) if p.is_alive()]
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    reports = []
+    while not errors.empty():
+        reports.append("rank %d:\n%s" % errors.get())
+    if hung:
+        raise AssertionError(f"ranks {hung} hung for {TIMEOUT} s\n" + "\n".join(reports))
+    want = expect_exit or {}
+    bad = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != want.get(r, 0)]
+    if bad:
+        raise AssertionError(f"exit codes (rank, code) {bad}\n" + "\n".join(reports))
+
+
+def expect_error(fn, *needles):
+    """fn() must raise RuntimeError whose message holds every needle; returns the message."""
+    try:
+        fn()
+    except RuntimeError as e:
+        msg = str(e)
+        missing = [n for n in needles if n not in msg]
+        assert not missing, f"{missing} not in: {msg}"
+        return msg
+    raise AssertionError(f"no error; expected one naming {needles}")
+
+
+def mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+
+
+def train_reference(steps, batches):
+    """The same training in one process on the concatenated batches: what DDP must reproduce."""
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(steps):
+        opt.zero_grad()
+        x, y = batches(step, None)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    return model
+
+
+def batches(step, rank, world=2):
+    g = torch.Generator().manual_seed(step)
+    x, y = torch.randn(8 * world, 16, generator=g), torch.randn(8 * world, 4, generator=g)
+    return (x, y) if rank is None else (x[8 * rank:8 * rank + 8], y[8 * rank:8 * rank + 8])
+
+
+def ddp_matches_one_process(rank, world):
+    model = torch.nn.parallel.DistributedDataParallel(mlp())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(5):
+        opt.zero_grad()
+        x, y = batches(step, rank, world)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    want = train_reference(5, lambda s, _: batches(s, None, world))
+    for p, q in zip(model.module.parameters(), want.parameters()):
+        assert torch.allclose(p, q, atol=1e-5), (p - q).abs().max()
+
+
+class Unused(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.used, self.unused = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+    def forward(self, x, rank):
+        # Ranks leave different parameters unused: find_unused_parameters must agree on them.
+        return self.used(x) if rank == 0 else self.unused(self.used(x))
+
+
+def ddp_find_unused(rank, world):
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(Unused(), find_unused_parameters=True)
+    for step in range(3):
+        model.zero_grad()
+        model(torch.ones(2, 4) * (rank + 1), rank).sum().backward()
+    grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    gathered = [torch.zeros_like(grads) for _ in range(world)]
+    dist.all_gather(gathered, grads)
+    assert all(torch.equal(g, gathered[0]) for g in gathered), "gradients differ across ranks"
+    assert model.module.unused.weight.grad.abs().sum() > 0  # rank 1's gradient, averaged in
+
+
+def ddp_powersgd(rank, world):
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
+
+    model = torch.nn.parallel.DistributedDataParallel(mlp())
+    state = powerSGD.PowerSGDState(process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2,
+                                   min_compression_rate=0.5)
+    model.register_comm_hook(state, powerSGD.powerSGD_hook)  # collectives inside .then() callbacks
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for step in range(6):
+        opt.zero_grad()
+        x, y = batches(step, rank, world)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    gathered = [torch.zeros_like(flat) for _ in range(world)]
+    dist.all_gather(gathered, flat)
+    assert all(torch.equal(g, gathered[0]) for g in gathered), "replicas differ under PowerSGD"
+
+
+def dead_peer(rank, world):
+    dist.barrier()
+    if rank == 1:
+        os._exit(7)  # dies without a word
+    expect_error(lambda: [dist.all_reduce(torch.ones(4)) for _ in range(3)], "rank 1")
+
+
+def mismatch(rank, world):
+    msg = expect_error(lambda: dist.all_reduce(torch.ones(4 + rank)), "rank 0", "rank 1")
+    assert "4" in msg and "5" in msg, msg
+
+
+def timeout(rank, world):
+    if rank == 0:
+        expect_error(dist.barrier, "rank 1", "timed out")  # rank 1 never calls it
+    else:
+        time.sleep(6)  # alive, but elsewhere, past rank 0's 3 s deadline
+
+
+def ddp_desync(rank, world):
+    model = torch.nn.parallel.DistributedDataParallel(mlp())
+    steps = 3 if rank == 0 else 2  # rank 1 stops early and goes to a barrier: gloo hangs here
+    def train():
+        for step in range(steps):
+            model(torch.randn(4, 16)).sum().backward()
+        dist.barrier()
+    expect_error(train, "rank")
+
+
+def refused(rank, world):
+    expect_error(lambda: dist.all_reduce(torch.ones(3).to_sparse()), "all_reduce", "sparse")
+    if rank == 0:
+        expect_error(lambda: dist.recv(torch.zeros(2)), "any source")
+    expect_error(lambda: dist.all_to_all_single(torch.zeros(3), torch.zeros(3)), "all_to_all_single", "rows")
+    dist.barrier()  # the group is still usable after refusals
+
+
+def uneven_all_to_all(rank, world):
+    # rank p sends p + q + 1 rows to q, rows of 2 values p*100 + q
+    send = [rank + q + 1 for q in range(world)]
+    recv = [p + rank + 1 for p in range(world)]
+    inp = torch.cat([torch.full((n, 2), float(rank * 100 + q)) for q, n in enumerate(send)])
+    out = torch.empty(sum(recv), 2)
+    dist.all_to_all_single(out, inp, recv, send)
+    want = torch.cat([torch.full((n, 2), float(p * 100 + rank)) for p, n in enumerate(recv)])
+    assert torch.equal(out, want), out
+    outs = [torch.empty(n, 2, dtype=torch.int32) for n in recv]
+    dist.all_to_all(outs, [t.to(torch.int32) for t in inp.split(send)])
+    assert torch.equal(torch.cat(outs), want.to(torch.int32))
+
+
+def subgroups(rank, world):
+    evens = dist.new_group([0, 2])
+    odd_one = dist.new_group([1])
+    t = torch.tensor([float(rank)])
+    if rank in (0, 2):
+        dist.all_reduce(t, group=evens)
+        assert t.item() == 2.0, t
+        # Messages count ranks within the group, whose name says which ranks of the world it holds.
+        expect_error(lambda: dist.all_reduce(torch.ones(1 + rank), group=evens), "world ranks [0, 2]",
+                     "rank 0 (call #2): all_reduce(f32 x 1", "rank 1 (call #2): all_reduce(f32 x 3")
+    elif rank == 1:
+        dist.all_reduce(t, group=odd_one)
+        assert t.item() == 1.0
+
+
+class Backend(unittest.TestCase):
+    def test_ddp_matches_one_process(self):
+        run_ranks(ddp_matches_one_process, world=2)
+
+    def test_ddp_find_unused_parameters(self):
+        run_ranks(ddp_find_unused, world=2)
+
+    def test_ddp_powersgd_hook(self):
+        run_ranks(ddp_powersgd, world=2)
+
+    def test_dead_peer_is_named(self):
+        run_ranks(dead_peer, world=2, expect_exit={1: 7})
+
+    def test_mismatch_shows_each_ranks_call(self):
+        run_ranks(mismatch, world=2)
+
+    def test_timeout_names_the_missing_rank(self):
+        run_ranks(timeout, world=2, timeout_s=3)
+
+    def test_desynchronized_ddp_raises_instead_of_hanging(self):
+        run_ranks(ddp_desync, world=2, timeout_s=10)
+
+    def test_refused_calls_name_what_is_refused(self):
+        run_ranks(refused, world=2)
+
+    def test_uneven_all_to_all(self):
+        run_ranks(uneven_all_to_all, world=3)
+
+    def test_subgroups_name_their_members(self):
+        run_ranks(subgroups, world=3)
+
+
+LAUNCHED = textwrap.dedent("""
+    import os, torch, torch.distributed as dist
+    dist.init_process_group("chorus")  # env:// from the launcher; no import chorus_torch needed
+    t = torch.ones(3) * (dist.get_rank() + 1)
+    dist.all_reduce(t)
+    assert t.tolist() == [3.0] * 3, t
+    print("rank", dist.get_rank(), "of", dist.get_world_size(), "backend", dist.get_backend(), flush=True)
+    dist.destroy_process_group()
+""")
+
+SPAWNED = textwrap.dedent("""
+    import sys, tempfile, torch, torch.distributed as dist, torch.multiprocessing as mp
+
+    def worker(rank, init):
+        dist.init_process_group("chorus", init_method=init, rank=rank, world_size=2)
+        t = torch.tensor([rank + 1.0]); dist.all_reduce(t); assert t.item() == 3.0
+        print("spawned rank", rank, dist.get_backend(), flush=True)
+
+    if __name__ == "__main__":
+        with tempfile.TemporaryDirectory() as d:
+            mp.spawn(worker, args=(f"file://{d}/s",), nprocs=2)
+""")
+
+
+class Launchers(unittest.TestCase):
+    def run_script(self, script, launcher):
+        with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+            f.write(script)
+        try:
+            out = subprocess.run(launcher + [f.name], capture_output=True, text=True, timeout=TIMEOUT)
+        finally:
+            os.unlink(f.name)
+        self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
+        return out.stdout
+
+    def test_mp_spawn_children_know_the_backend(self):
+        # The children never run the parent's __main__ block: the autoload hook registers chorus.
+        out = self.run_script(SPAWNED, [sys.executable])
+        self.assertEqual(out.count("chorus"), 2, out)
+
+    def test_torchrun(self):
+        # torch 1.13's torchrun on Python 3.11 (Debian 12) fails with its default --redirects 0 and
+        # --tee 0 for any backend (Std.from_str finds no member for 0): pass values it can parse.
+        out = self.run_script(LAUNCHED, [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                         "--nproc_per_node", "2", "--redirects", "2", "--tee", "1"])
+        self.assertEqual(out.count("backend chorus"), 2, out)
+
+
+if __name__ == "__main__":
+    unittest.main()
