@@ -3,8 +3,11 @@
 // ones, node 0 hosts the rendezvous store, output is forwarded line by line with a [rank N]
 // prefix, and a failing worker stops the group (and restarts it, up to --max-restarts).
 // Never links LibTorch.
+#include <netdb.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <sys/stat.h>
@@ -44,8 +47,38 @@ int cores() {
 
 void say(const std::string& what) { std::fprintf(stderr, "chorusrun: %s\n", what.c_str()); }
 
+// A port nobody listens on now, for the program's own store (torch.distributed's env:// makes
+// rank 0 serve MASTER_PORT); 0 when none can be had.
+int free_port(const std::string& addr) {
+  addrinfo hints{}, *found = nullptr;
+  hints.ai_socktype = SOCK_STREAM;
+  if (getaddrinfo(addr.c_str(), "0", &hints, &found) != 0) return 0;
+  int port = 0;
+  const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_storage bound{};
+  socklen_t len = sizeof(bound);
+  if (fd >= 0 && bind(fd, found->ai_addr, found->ai_addrlen) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len) == 0)
+    port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                             : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  if (fd >= 0) close(fd);
+  freeaddrinfo(found);
+  return port;
+}
+
+// Note [Two ports]: chorus programs meet on chorusrun's store (CHORUS_STORE_ADDR/PORT). MASTER_PORT
+// is another port, left free for a program that serves its own store there, as
+// torch.distributed's env:// does on rank 0 (torchrun lets it use its agent's store instead,
+// which speaks torch's protocol; chorusrun's does not): any free port on one node, the store's
+// port + 1 across nodes, where every node must agree without asking.
+int program_port(const Options& o, int store_port) {
+  if (o.nnodes > 1) return store_port + 1;
+  const int port = free_port(o.master_addr);
+  return port ? port : store_port + 1;
+}
+
 std::vector<std::pair<std::string, std::string>> worker_env(const Options& o, int nproc, int local, int port,
-                                                            int restart, const std::string& run_id) {
+                                                            int master_port, int restart, const std::string& run_id) {
   chorus::Environment place;
   place.launcher = chorus::Launcher::Chorusrun;
   place.rank = o.node_rank * nproc + local;
@@ -60,6 +93,8 @@ std::vector<std::pair<std::string, std::string>> worker_env(const Options& o, in
   place.restart_count = restart;
   place.job_id = run_id;
   auto env = chorus::launcher_environment(place, o.max_restarts);
+  for (auto& [name, value] : env)
+    if (name == "MASTER_PORT") value = concat(master_port);  // Note [Two ports]
   if (nproc > 1 && !std::getenv("OMP_NUM_THREADS")) env.emplace_back("OMP_NUM_THREADS", "1");
   return env;
 }
@@ -94,6 +129,7 @@ int run(const Options& o, const std::vector<std::string>& program) {
     port = store->port();
   }
   const std::string run_id = o.run_id.empty() ? concat("chorusrun-", o.master_addr, "-", port) : o.run_id;
+  const int for_program = program_port(o, port);
 
   chorus::SupervisorOptions so;
   so.prefix = !o.no_prefix;
@@ -104,7 +140,8 @@ int run(const Options& o, const std::vector<std::string>& program) {
   for (int attempt = 0;; ++attempt) {
     std::vector<chorus::WorkerSpec> specs;
     for (int local = 0; local < nproc; ++local)
-      specs.push_back({o.node_rank * nproc + local, program, worker_env(o, nproc, local, port, attempt, run_id)});
+      specs.push_back(
+          {o.node_rank * nproc + local, program, worker_env(o, nproc, local, port, for_program, attempt, run_id)});
     supervisor.start(specs);
     auto failure = supervisor.wait(sigfd);
     if (!failure) return 0;
@@ -131,7 +168,9 @@ int main(int argc, char** argv) {
       "chorusrun: start N worker processes of a program on this node and supervise them (torchrun-compatible).\n"
       "Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, NODE_RANK, ROLE_RANK,\n"
       "MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID\n"
-      "and CHORUS_* equivalents. Node 0 hosts the rendezvous store at --master-addr:--master-port.\n\n"
+      "and CHORUS_* equivalents. Node 0 hosts the rendezvous store at --master-addr:--master-port\n"
+      "(CHORUS_STORE_ADDR/PORT); MASTER_PORT is left free for a program's own store, as torch.distributed's\n"
+      "env:// serves one on rank 0 (any free port on one node, the store's port + 1 across nodes).\n\n"
       "  chorusrun --nproc-per-node 4 ./train --epochs 3",
       "chorusrun"};
   app.add_option("--nproc-per-node,--nproc_per_node", o.nproc, "workers on this node: a number, or auto (one per core)")

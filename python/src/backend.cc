@@ -224,6 +224,9 @@ std::vector<at::Tensor> flat_views(const std::vector<at::Tensor>& tensors) {
   return flat;
 }
 
+// Per-rank size from which a list all_gather broadcasts into the caller's tensors.
+constexpr int64_t kDirectGatherBytes = 256 << 10;
+
 at::Tensor& one(std::vector<at::Tensor>& tensors, const char* where) {
   if (tensors.size() != 1)
     throw InvalidArgument(
@@ -279,11 +282,31 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::allgather(std::vector<std::ve
   if (outputs.size() != 1 || int(outputs[0].size()) != getSize())
     throw InvalidArgument(
         detail::concat("chorus backend: all_gather needs one output list of ", getSize(), " tensors"));
-  auto work = pg_->all_gather_async(t);
   std::vector<at::Tensor> out = outputs[0];
+  for (const at::Tensor& o : out) {
+    dense(o, "all_gather");
+    if (o.numel() != t.numel() || o.scalar_type() != t.scalar_type())
+      throw InvalidArgument(detail::concat("chorus backend: all_gather: output ", detail::describe(o),
+                                           " does not fit input ", detail::describe(t)));
+  }
+  // Small: one all_gather into a fresh stacked tensor, then copies. Large (a choice every rank
+  // makes alike, from the size): one broadcast from each rank straight into the caller's tensors,
+  // no staging tensor whose fresh pages would cost more than the transfer.
+  if (t.numel() * int64_t(t.element_size()) >= kDirectGatherBytes) {
+    auto pg = pg_;
+    const int me = getRank();
+    auto work = pg_->communicator().submit([pg, out, t, me]() mutable {
+      for (int r = 0; r < int(out.size()); ++r) {
+        if (r == me) out[size_t(r)].copy_(t.reshape(out[size_t(r)].sizes()));
+        pg->broadcast_(out[size_t(r)], r);
+      }
+    });
+    return ChorusWork::track(getRank(), c10d::OpType::ALLGATHER, "chorus:all_gather", out, work);
+  }
+  auto work = pg_->all_gather_async(t);
   return ChorusWork::track(getRank(), c10d::OpType::ALLGATHER, "chorus:all_gather", out, work, [work, out] {
     at::Tensor stacked = work->result().at(0);
-    for (size_t r = 0; r < out.size(); ++r) out[r].copy_(stacked[int64_t(r)]);
+    for (size_t r = 0; r < out.size(); ++r) out[r].copy_(stacked[int64_t(r)].view(out[r].sizes()));
   });
 }
 

@@ -1,9 +1,11 @@
 """Backend "chorus" from Python, beyond torch's own suite: DDP with PowerSGD and with
 find_unused_parameters, the error paths (dead peer, mismatch, timeout, a desynchronized DDP,
-what chorus refuses), and the launchers (mp.spawn without an explicit import, torchrun).
+what chorus refuses), and the launchers (mp.spawn without an explicit import, torchrun,
+chorusrun).
 Every rank runs in its own process; a test fails instead of hanging.
 
-  PYTHONUSERBASE=<build>/python/userbase /usr/bin/python3 python/tests/test_backend.py [-v] [-k PATTERN]"""
+  PYTHONUSERBASE=<build>/python/userbase CHORUSRUN=<build>/launcher/chorusrun \\
+    /usr/bin/python3 python/tests/test_backend.py [-v] [-k PATTERN]"""
 import multiprocessing
 import os
 import subprocess
@@ -208,6 +210,16 @@ def uneven_all_to_all(rank, world):
     assert torch.equal(torch.cat(outs), want.to(torch.int32))
 
 
+def large_all_gather(rank, world):
+    # From 256 KiB a list all_gather broadcasts into the caller's tensors: contiguous or not.
+    t = torch.arange(300_000, dtype=torch.float32) + rank * 1e6
+    outs = [torch.empty(300_000) if r % 2 == 0 else torch.empty(300_000, 2)[:, 1] for r in range(world)]
+    dist.all_gather(outs, t)
+    for r, o in enumerate(outs):
+        assert torch.equal(o, torch.arange(300_000, dtype=torch.float32) + r * 1e6), r
+    expect_error(lambda: dist.all_gather([torch.empty(5)] * world, t), "all_gather", "does not fit")
+
+
 def subgroups(rank, world):
     evens = dist.new_group([0, 2])
     odd_one = dist.new_group([1])
@@ -251,6 +263,9 @@ class Backend(unittest.TestCase):
     def test_uneven_all_to_all(self):
         run_ranks(uneven_all_to_all, world=3)
 
+    def test_large_all_gather_into_strided_outputs(self):
+        run_ranks(large_all_gather, world=3)
+
     def test_subgroups_name_their_members(self):
         run_ranks(subgroups, world=3)
 
@@ -260,7 +275,8 @@ LAUNCHED = textwrap.dedent("""
     dist.init_process_group("chorus")  # env:// from the launcher; no import chorus_torch needed
     t = torch.ones(3) * (dist.get_rank() + 1)
     dist.all_reduce(t)
-    assert t.tolist() == [3.0] * 3, t
+    w = dist.get_world_size()
+    assert t.tolist() == [w * (w + 1) / 2] * 3, t
     print("rank", dist.get_rank(), "of", dist.get_world_size(), "backend", dist.get_backend(), flush=True)
     dist.destroy_process_group()
 """)
@@ -301,6 +317,12 @@ class Launchers(unittest.TestCase):
         out = self.run_script(LAUNCHED, [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                          "--nproc_per_node", "2", "--redirects", "2", "--tee", "1"])
         self.assertEqual(out.count("backend chorus"), 2, out)
+
+    @unittest.skipUnless(os.environ.get("CHORUSRUN"), "CHORUSRUN names the chorusrun binary")
+    def test_chorusrun(self):
+        out = self.run_script(LAUNCHED, [os.environ["CHORUSRUN"], "--standalone", "--nproc-per-node", "3",
+                                         sys.executable])
+        self.assertEqual(out.count("backend chorus"), 3, out)
 
 
 if __name__ == "__main__":
