@@ -238,12 +238,12 @@ at::Tensor& one(std::vector<at::Tensor>& tensors, const char* where) {
 }  // namespace
 
 ProcessGroupChorus::ProcessGroupChorus(std::shared_ptr<chorus::ProcessGroup> pg)
-    : c10d::ProcessGroup(pg->rank(), pg->size()), pg_(std::move(pg)) {}
+    : CHORUS_C10D_BASE(pg->rank(), pg->size()), pg_(std::move(pg)) {}
 
-c10::intrusive_ptr<c10d::ProcessGroup> ProcessGroupChorus::create(const c10::intrusive_ptr<c10d::Store>& store,
-                                                                  int rank, int size, std::chrono::milliseconds timeout,
-                                                                  const std::string& name,
-                                                                  std::vector<int> global_ranks) {
+c10::intrusive_ptr<CHORUS_C10D_BASE> ProcessGroupChorus::create(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                                                int size, std::chrono::milliseconds timeout,
+                                                                const std::string& name,
+                                                                std::vector<int> global_ranks) {
   CommunicatorOptions options;
   if (const char* b = std::getenv("CHORUS_BACKEND")) options.backend = b;
   options.timeout = timeout;

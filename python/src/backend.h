@@ -3,8 +3,18 @@
 #pragma once
 
 #include <chorus/chorus.h>
+#include <torch/version.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+
+// torch 1.13 takes a ProcessGroup from a backend's creator; torch 2.x takes a c10d::Backend and
+// wraps it in a ProcessGroup itself (the virtual methods and their signatures are the same).
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#define CHORUS_C10D_BASE c10d::Backend
+#else
+#define CHORUS_C10D_BASE c10d::ProcessGroup
+#endif
 
 #include <chrono>
 #include <functional>
@@ -14,15 +24,15 @@
 
 namespace chorus::python {
 
-class ProcessGroupChorus : public c10d::ProcessGroup {
+class ProcessGroupChorus : public CHORUS_C10D_BASE {
  public:
   explicit ProcessGroupChorus(std::shared_ptr<chorus::ProcessGroup> pg);
   // The creator torch calls for each group: rendezvous through `store` (torch's, already prefixed
   // for the group), one Communicator per group. `global_ranks`: the default group's rank of each
   // member (empty: this is the default group).
-  static c10::intrusive_ptr<c10d::ProcessGroup> create(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                                       std::chrono::milliseconds timeout, const std::string& name,
-                                                       std::vector<int> global_ranks);
+  static c10::intrusive_ptr<CHORUS_C10D_BASE> create(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                                     std::chrono::milliseconds timeout, const std::string& name,
+                                                     std::vector<int> global_ranks);
 
   const std::string getBackendName() const override { return "chorus"; }
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs chorus from a build tree into a fresh prefix, builds tests/install_consumer against it
-# with find_package(chorus CONFIG), and runs it. Usage: check.sh <build-dir> <work-dir>
+# with find_package(chorus CONFIG), and runs it; then imports the installed Python package.
+# Usage: check.sh <build-dir> <work-dir>
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=$1 work=$2
@@ -9,3 +10,20 @@ cmake --install "$build" --prefix "$work/prefix" > /dev/null
 cmake -S "$here" -B "$work/consumer" -DCMAKE_PREFIX_PATH="$work/prefix" -DCMAKE_BUILD_TYPE=Release > /dev/null
 cmake --build "$work/consumer" > /dev/null
 OMP_NUM_THREADS=1 "$work/consumer/consumer"
+
+# The Python package, when built: its .pth hook loads chorus_torch after torch, with no import.
+site=$(find "$work/prefix" -name chorus_torch.pth -printf '%h\n' | head -1)
+if [[ -n "$site" ]]; then
+  /usr/bin/python3 - "$site" "$work" <<'PY'
+import site, sys
+site.addsitedir(sys.argv[1])  # what Python does at start-up for its site-packages
+import torch, torch.distributed as dist
+dist.init_process_group("chorus", init_method=f"file://{sys.argv[2]}/store", rank=0, world_size=1)
+t = torch.ones(2)
+dist.all_reduce(t)
+assert dist.get_backend() == "chorus" and t.tolist() == [1.0, 1.0], t
+where = sys.modules["chorus_torch"].__file__
+assert where.startswith(sys.argv[1]), where
+print("installed chorus_torch: ok, from", where)
+PY
+fi
