@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# chorus's torch.distributed backend against gloo, in one run: the anchors in ../shared/anchors
+# (or $ANCHORS) with --backend gloo and --backend chorus, and chorus-bench at 8 bytes for the
+# C++ side of the per-call cost. Usage: bench/python_backend.sh [build-dir] [world]
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-"$root/build"}
+world=${2:-2}
+anchors=${ANCHORS:-"$root/../shared/anchors"}
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 PYTHONUSERBASE="$build/python/userbase"
+py=/usr/bin/python3
+
+echo "== C++: chorus-bench, 8 bytes and barrier, W=$world"
+"$build/bench/chorus-bench" -n "$world" --ops barrier,all_reduce --sizes 8
+for backend in gloo chorus; do
+  echo "== collectives from Python, $backend, W=$world"
+  $py "$anchors/torch_gloo_bench.py" "$world" --backend "$backend"
+done
+for backend in gloo chorus gloo chorus; do
+  echo "== DDP on the reference MLP, $backend"
+  $py "$anchors/torch_ddp_bench.py" "$world" --backend "$backend" | tail -1
+done
+for backend in gloo chorus; do
+  echo "== objects, $backend"
+  $py "$anchors/torch_object_bench.py" "$world" --backend "$backend" | tail -3
+done
+for backend in gloo chorus; do
+  echo "== DDP+Adam and ZeRO-1, $backend"
+  $py "$anchors/torch_zero_bench.py" "$world" --backend "$backend" | grep -v "^\[" || true
+done
