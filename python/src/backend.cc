@@ -215,6 +215,9 @@ void dense(const at::Tensor& t, const char* where) {
   if (!t.device().is_cpu() || t.is_sparse())
     throw InvalidArgument(detail::concat("chorus backend: ", where, ": only dense CPU tensors, got ",
                                          t.is_sparse() ? "a sparse tensor" : t.device().str()));
+  if (!detail::core_type(t.scalar_type()))
+    throw InvalidArgument(
+        detail::concat("chorus backend: ", where, ": chorus cannot move ", t.scalar_type(), " tensors"));
 }
 
 std::vector<at::Tensor> flat_views(const std::vector<at::Tensor>& tensors) {
@@ -413,9 +416,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::exchange(const at::Tensor& in
                                                             at::Tensor out, std::vector<size_t> recv_counts,
                                                             const char* op, std::vector<at::Tensor> outputs,
                                                             std::function<void(const at::Tensor&)> then) {
-  const auto type = detail::core_type(in.scalar_type());
-  if (!type)
-    throw InvalidArgument(detail::concat("chorus backend: ", op, ": chorus cannot move ", detail::describe(in)));
+  const auto type = detail::core_type(in.scalar_type());  // known: the caller checked it with dense()
   at::Tensor src = detail::plain(in), dst = detail::plain(out);
   Communicator& comm = pg_->communicator();
   auto work = comm.submit([&comm, src, dst, send_counts, recv_counts, dtype = type->dtype] {

@@ -190,6 +190,8 @@ def ddp_desync(rank, world):
 
 def refused(rank, world):
     expect_error(lambda: dist.all_reduce(torch.ones(3).to_sparse()), "all_reduce", "sparse")
+    q = torch.quantize_per_tensor(torch.ones(4), 0.1, 0, torch.quint8)
+    expect_error(lambda: dist.all_to_all_single(torch.empty_like(q), q), "all_to_all_single", "cannot move")
     # Non-CPU tensors: torch 1.13's dispatcher refuses those of devices without c10d kernels
     # before any backend sees them; a CUDA tensor would reach chorus's check, which names it.
     if rank == 0:
