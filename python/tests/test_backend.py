@@ -300,11 +300,27 @@ SPAWNED = textwrap.dedent("""
 
 
 class Launchers(unittest.TestCase):
+    """The launched programs meet on a TCPStore, which torch 1.13 binds to every address: each
+    runs in a network namespace of its own whose only interface is loopback."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.netns = f"chorus-py-{os.getpid()}"
+        made = subprocess.run(["ip", "netns", "add", cls.netns], capture_output=True, text=True)
+        if made.returncode != 0:
+            raise unittest.SkipTest(f"cannot make a network namespace (needs root and iproute2): {made.stderr}")
+        subprocess.run(["ip", "-n", cls.netns, "link", "set", "lo", "up"], check=True)
+
+    @classmethod
+    def tearDownClass(cls):
+        subprocess.run(["ip", "netns", "del", cls.netns], capture_output=True)
+
     def run_script(self, script, launcher):
         with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
             f.write(script)
         try:
-            out = subprocess.run(launcher + [f.name], capture_output=True, text=True, timeout=TIMEOUT)
+            out = subprocess.run(["ip", "netns", "exec", self.netns] + launcher + [f.name], capture_output=True,
+                                 text=True, timeout=TIMEOUT)
         finally:
             os.unlink(f.name)
         self.assertEqual(out.returncode, 0, out.stdout + out.stderr)

@@ -8,7 +8,9 @@ in skip.txt are skipped, each with the reason written there; those in ungate.txt
 suite runs only for a backend named gloo, run for chorus too. Each test spawns WORLD_SIZE
 fresh processes that meet through a file:// store, as torch's own CI does."""
 import argparse
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 import unittest
@@ -18,9 +20,10 @@ sys.path.insert(0, HERE)  # the expecttest stand-in
 
 backend = os.environ.setdefault("BACKEND", "chorus")
 os.environ.setdefault("WORLD_SIZE", "2")
-if "TEMP_DIR" not in os.environ:
+if "TEMP_DIR" not in os.environ:  # the ranks, spawned, inherit it
     os.environ["TEMP_DIR"] = tempfile.mkdtemp(prefix="chorus-suite-")
     open(os.path.join(os.environ["TEMP_DIR"], "barrier"), "w").close()
+    atexit.register(shutil.rmtree, os.environ["TEMP_DIR"], True)
 
 import torch  # noqa: E402
 import torch.nn.parallel._replicated_tensor_ddp_utils as replicated  # noqa: E402
@@ -47,7 +50,7 @@ from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
 
 
 def listed(file_name):
-    """`test_name  reason` per line of a file beside this one; # starts a comment."""
+    """`test_name  reason` per line of a file (beside this one unless a path); # starts a comment."""
     names = {}
     with open(os.path.join(HERE, file_name)) as f:
         for line in f:
@@ -95,7 +98,7 @@ def main():
     if not os.path.exists(passes):
         print(f"no list of gloo's passes at {passes}: not compared")
         return
-    expected = {n for n in listed(os.path.basename(passes)) if n in Recording.ran}
+    expected = {n for n in listed(passes) if n in Recording.ran}
     unexplained = sorted(expected - Recording.passed - set(listed("skip.txt")))
     if unexplained:
         print(f"gloo passes these here but chorus did not run them, and skip.txt does not say why: {unexplained}")
