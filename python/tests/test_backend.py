@@ -8,6 +8,7 @@ Every rank runs in its own process; a test fails instead of hanging.
     /usr/bin/python3 python/tests/test_backend.py [-v] [-k PATTERN]"""
 import multiprocessing
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -272,6 +273,31 @@ class Backend(unittest.TestCase):
 
     def test_subgroups_name_their_members(self):
         run_ranks(subgroups, world=3)
+
+
+class Import(unittest.TestCase):
+    def test_another_libtorch_is_refused_by_name(self):
+        # The same libtorch_cpu under another path stands for a torch chorus was not built against.
+        import chorus_torch
+
+        built = os.path.realpath(chorus_torch._C._loaded_libtorch())
+        with tempfile.TemporaryDirectory() as d:
+            other = os.path.join(d, "libtorch_cpu.so.1.13")
+            try:
+                os.link(built, other)
+            except OSError:
+                shutil.copy(built, other)
+            env = dict(os.environ, LD_LIBRARY_PATH=d, CHORUS_TORCH_AUTOLOAD="0")
+            out = subprocess.run([sys.executable, "-c", "import chorus_torch"], capture_output=True, text=True,
+                                 env=env, timeout=TIMEOUT)
+            self.assertNotEqual(out.returncode, 0, out.stdout)
+            self.assertIn(f"built against {built} but this Python loaded {other}", out.stderr)
+            # With the hook, torch itself still imports, with a warning that says why chorus is not there.
+            env["CHORUS_TORCH_AUTOLOAD"] = "1"
+            out = subprocess.run([sys.executable, "-c", "import torch"], capture_output=True, text=True, env=env,
+                                 timeout=TIMEOUT)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            self.assertIn("chorus_torch was not loaded", out.stderr)
 
 
 LAUNCHED = textwrap.dedent("""
