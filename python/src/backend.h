@@ -35,6 +35,8 @@ class ProcessGroupChorus : public CHORUS_C10D_BASE {
                                                      std::vector<int> global_ranks);
 
   const std::string getBackendName() const override { return "chorus"; }
+  // The chorus engine that moves this group's data: "shm", "gloo", or the hierarchy across hosts.
+  std::string engine() const { return pg_->communicator().backend_name(); }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts = c10d::BroadcastOptions()) override;

@@ -52,6 +52,11 @@ PYBIND11_MODULE(_C, m) {
                                                           std::move(ranks));
       },
       py::arg("options"), py::arg("pg_options") = py::none());
+  m.def("_engine", [](const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
+    const auto* chorus_group = dynamic_cast<const chorus::python::ProcessGroupChorus*>(group.get());
+    if (!chorus_group) throw py::value_error("chorus_torch.engine: this group's backend is not chorus");
+    return chorus_group->engine();
+  });
   m.def("_loaded_libtorch", &loaded_libtorch);
   m.attr("_built_libtorch") = CHORUS_BUILT_LIBTORCH;
 }
