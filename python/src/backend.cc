@@ -10,7 +10,8 @@
 // completion to a pool of completer threads; the pool grows when every completer is busy (a
 // callback waiting on another collective), so a completion never waits behind the callback
 // that waits for it. A thread that waits for the work (Work::wait, the common synchronous call)
-// completes the future itself as soon as chorus's work finished, whichever comes first.
+// completes the future itself as soon as chorus's work finished, whichever comes first; when a
+// thread waits without a timeout, no completer is woken at all.
 #include "backend.h"
 
 #include "tensor_util.h"  // chorus's torch layer: dtype mapping and tensor checks
@@ -210,7 +211,7 @@ chorus::ReduceOp reduce_op(const c10d::ReduceOp& op, const char* where) {
   throw InvalidArgument(detail::concat("chorus backend: ", where, ": this reduce op is not supported"));
 }
 
-// Dense CPU tensors only, named in the error.
+// Dense CPU tensors of a dtype chorus moves; anything else is an error naming the call.
 void dense(const at::Tensor& t, const char* where) {
   if (!t.device().is_cpu() || t.is_sparse())
     throw InvalidArgument(detail::concat("chorus backend: ", where, ": only dense CPU tensors, got ",
