@@ -244,6 +244,23 @@ at::Tensor& one(std::vector<at::Tensor>& tensors, const char* where) {
 ProcessGroupChorus::ProcessGroupChorus(std::shared_ptr<chorus::ProcessGroup> pg)
     : CHORUS_C10D_BASE(pg->rank(), pg->size()), pg_(std::move(pg)) {}
 
+// Note [Closing under the GIL]
+// torch drops a group (destroy_process_group, interpreter exit) on a thread that holds the GIL,
+// and closing the communicator joins its executor. The executor, releasing a finished body, may
+// free the last reference to a tensor Python made, and that takes the GIL: a deadlock, seen in
+// torch's suite. So the teardown runs with the GIL released (run_teardown, set by the module),
+// and it first waits for every submitted body, so that none of them (which hold this group) is
+// left to drop the communicator on the executor's own thread.
+ProcessGroupChorus::~ProcessGroupChorus() {
+  run_teardown([this] {
+    try {
+      pg_->communicator().submit([] {})->wait();
+    } catch (...) {  // an aborted group still ran what was queued; nothing more to wait for
+    }
+    pg_.reset();
+  });
+}
+
 c10::intrusive_ptr<CHORUS_C10D_BASE> ProcessGroupChorus::create(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                                                 int size, std::chrono::milliseconds timeout,
                                                                 const std::string& name,

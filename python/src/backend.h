@@ -27,6 +27,12 @@ namespace chorus::python {
 class ProcessGroupChorus : public CHORUS_C10D_BASE {
  public:
   explicit ProcessGroupChorus(std::shared_ptr<chorus::ProcessGroup> pg);
+  // Lets the submitted work finish, then closes the communicator (Note [Closing under the GIL]).
+  ~ProcessGroupChorus() override;
+  // How the destructor runs its teardown: the Python module makes it release the GIL first.
+  static inline std::function<void(const std::function<void()>&)> run_teardown = [](const std::function<void()>& fn) {
+    fn();
+  };
   // The creator torch calls for each group: rendezvous through `store` (torch's, already prefixed
   // for the group), one Communicator per group. `global_ranks`: the default group's rank of each
   // member (empty: this is the default group).

@@ -7,6 +7,7 @@
 #include <climits>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,15 @@ std::string loaded_libtorch() {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "chorus as a torch.distributed backend";
+  // Note [Closing under the GIL]
+  chorus::python::ProcessGroupChorus::run_teardown = [](const std::function<void()>& fn) {
+    if (PyGILState_Check()) {
+      py::gil_scoped_release no_gil;
+      fn();
+    } else {
+      fn();
+    }
+  };
   // torch's extended creator API: the group's name (torch's group_id, "0" for the default group)
   // and the global ranks of its members (empty for the default group) reach chorus's messages.
   m.def(

@@ -225,6 +225,22 @@ def large_all_gather(rank, world):
     expect_error(lambda: dist.all_gather([torch.empty(5)] * world, t), "all_gather", "does not fit")
 
 
+def close_while_sending(rank, world):
+    # Rank 0 drops its tensor and the group while its send is still in flight: the transfer's
+    # thread then frees the last reference to a tensor Python made, which takes the GIL, while
+    # the closing thread waits for it (Note [Closing under the GIL]).
+    if rank == 0:
+        t = torch.ones(16 << 20)
+        dist.isend(t, 1)
+        del t
+    else:
+        time.sleep(1)
+        got = torch.zeros(16 << 20)
+        dist.recv(got, 0)
+        assert got.sum().item() == 16 << 20
+    dist.destroy_process_group()
+
+
 def subgroups(rank, world):
     evens = dist.new_group([0, 2])
     odd_one = dist.new_group([1])
@@ -270,6 +286,9 @@ class Backend(unittest.TestCase):
 
     def test_large_all_gather_into_strided_outputs(self):
         run_ranks(large_all_gather, world=3)
+
+    def test_closing_a_group_while_a_send_is_in_flight(self):
+        run_ranks(close_while_sending, world=2)
 
     def test_subgroups_name_their_members(self):
         run_ranks(subgroups, world=3)
