@@ -26,16 +26,16 @@ CallOrder::~CallOrder() {
 
 std::shared_ptr<Work> CallOrder::submit(std::function<void()> body) {
   auto work = std::make_shared<Work>();
+  work->set_runner([anchor = anchor_, raw = work.get()] {  // before anyone can run or wait for it
+    std::lock_guard<std::recursive_mutex> lock(anchor->mu);
+    return anchor->order && anchor->order->run_here(raw);
+  });
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     if (!executor_.joinable()) executor_ = std::thread([this] { executor_loop(); });
     queue_.emplace_back(std::move(body), work);
     ++busy_;
   }
-  work->set_runner([anchor = anchor_, raw = work.get()] {
-    std::lock_guard<std::recursive_mutex> lock(anchor->mu);
-    return anchor->order && anchor->order->run_here(raw);
-  });
   queue_cv_.notify_all();
   return work;
 }
