@@ -67,8 +67,7 @@ void run_torch(int64_t h, const std::string& dir, int repeat) {
   make_adam_state(opt);
   std::vector<at::Tensor> all;
   for (const auto& p : model->parameters()) {
-    auto& s =
-        static_cast<torch::optim::AdamParamState&>(*opt.state().at(c10::guts::to_string(p.unsafeGetTensorImpl())));
+    auto& s = static_cast<torch::optim::AdamParamState&>(*opt.state().at(p.unsafeGetTensorImpl()));
     all.insert(all.end(), {p.detach(), s.exp_avg(), s.exp_avg_sq()});
   }
   const int64_t bytes = adam_bytes(model->parameters());

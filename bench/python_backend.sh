@@ -7,7 +7,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-"$root/build"}
 world=${2:-2}
 anchors=${ANCHORS:-"$root/../shared/anchors"}
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 PYTHONUSERBASE="$build/python/userbase"
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 PYTHONPATH="$build/python/site"
 py=/usr/bin/python3
 
 echo "== C++: chorus-bench, 8 bytes and barrier, W=$world"

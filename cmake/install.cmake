@@ -25,6 +25,6 @@ install(FILES ${PROJECT_BINARY_DIR}/chorusConfig.cmake ${PROJECT_BINARY_DIR}/cho
 if(CHORUS_BUILD_TESTS AND CHORUS_BUILD_TORCH)
   add_test(NAME install_and_find_package
            COMMAND ${PROJECT_SOURCE_DIR}/tests/install_consumer/check.sh ${PROJECT_BINARY_DIR}
-                   ${PROJECT_BINARY_DIR}/install-check)
+                   ${PROJECT_BINARY_DIR}/install-check ${CHORUS_PYTHON})
   set_tests_properties(install_and_find_package PROPERTIES TIMEOUT 600)
 endif()

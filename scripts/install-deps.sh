@@ -1,30 +1,51 @@
 #!/usr/bin/env bash
-# Installs the Debian packages chorus needs to build, test and benchmark, when missing.
+# Installs what chorus needs to build, test and benchmark, when missing: Debian packages with apt,
+# and the project's Python environment (a venv with torch 2.13 and the test tools) with pip.
 # Usage: scripts/install-deps.sh [--bench]   (--bench adds matplotlib for bench/plot.py)
-# The gloo and mpi backends build on libgloo-dev and libopenmpi-dev. The tests start programs
-# under torchrun (python3-torch) and mpirun (openmpi-bin) too, and make network namespaces
-# (iproute2) to stand in for other hosts. chorus_torch, the torch.distributed backend, builds
-# against Debian's python3-torch with python3-dev and pybind11-dev.
+#   CHORUS_VENV=DIR   where the venv lives (default: .venv in the repository); CMake finds it there.
+#
+# LibTorch comes from the torch wheel (torch/share/cmake, its headers and libraries): Debian's
+# libtorch-dev and python3-torch (1.13) are not used. torch is pinned: an unpinned one would pull
+# the newest CUDA build, several GB. The mpi backend builds on libopenmpi-dev; the gloo backend
+# builds its own private copy of gloo (cmake/gloo.cmake). The tests start programs under mpirun
+# (openmpi-bin) and torchrun (the wheel's), and make network namespaces (iproute2) to stand in
+# for other hosts.
 set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+venv=${CHORUS_VENV:-"$root/.venv"}
 
-packages=(cmake g++ make libgtest-dev libcli11-dev libgloo-dev libopenmpi-dev libopenblas0-pthread libtorch-dev
-          libxxhash-dev openmpi-bin python3-torch python3-dev pybind11-dev iproute2 clang-format)
-if [[ "${1:-}" == "--bench" ]]; then
-  packages+=(python3-matplotlib)
-fi
-
+packages=(cmake g++ make libgtest-dev libcli11-dev libopenmpi-dev openmpi-bin libxxhash-dev iproute2 clang-format
+          python3-venv)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if [[ ${#missing[@]} -eq 0 ]]; then
+if [[ ${#missing[@]} -gt 0 ]]; then
+  echo "chorus: installing ${missing[*]}" >&2
+  sudo=""
+  if [[ $(id -u) -ne 0 ]]; then
+    command -v sudo >/dev/null || { echo "chorus: need root (or sudo) to install: ${missing[*]}" >&2; exit 1; }
+    sudo="sudo"
+  fi
+  $sudo apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+requirements=("$root/python/requirements-test.txt")
+if [[ "${1:-}" == "--bench" ]]; then
+  requirements+=("$root/python/requirements-bench.txt")
+fi
+# The venv is current when it holds what every requirements file asks for (a stamp per file).
+stamp="$venv/.chorus-requirements"
+wanted=$(cat "${requirements[@]}" | sha256sum | cut -d' ' -f1)
+if [[ -x "$venv/bin/python" && -f "$stamp" ]] && grep -qx "$wanted" "$stamp"; then
   exit 0
 fi
-echo "chorus: installing ${missing[*]}" >&2
-sudo=""
-if [[ $(id -u) -ne 0 ]]; then
-  command -v sudo >/dev/null || { echo "chorus: need root (or sudo) to install: ${missing[*]}" >&2; exit 1; }
-  sudo="sudo"
+if [[ ! -x "$venv/bin/python" ]]; then
+  echo "chorus: making the Python environment $venv" >&2
+  python3 -m venv "$venv"
 fi
-$sudo apt-get update -q
-DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+args=()
+for r in "${requirements[@]}"; do args+=(-r "$r"); done
+"$venv/bin/python" -m pip install -q --disable-pip-version-check "${args[@]}"
+echo "$wanted" >> "$stamp"

@@ -3,10 +3,10 @@
 # chorusrun runs 2 processes in each, which meet through torch's env:// store and must take
 # chorus's hierarchical path (shared memory in each host, gloo between them), with correct
 # collectives and equal DDP replicas on all 4 ranks.
-# Usage: tests/python_two_hosts.sh CHORUSRUN PROBE.py   (PYTHONUSERBASE finds chorus_torch)
+# Usage: tests/python_two_hosts.sh CHORUSRUN PROBE.py PYTHON   (PYTHONPATH finds chorus_torch)
 # Exits 77 (skipped) where network namespaces cannot be made (no root, no iproute2).
 set -uo pipefail
-run=$1 probe=$2
+run=$1 probe=$2 python=$3
 out=$(mktemp -d)
 netns_cleanup='rm -rf "$out"'
 source "$(dirname "$0")/netns.sh"
@@ -18,7 +18,7 @@ for node in 0 1; do
   ns=$A name=node-a
   ((node == 1)) && ns=$B name=node-b
   in_host "$ns" "$name" "$run" --nnodes 2 --node-rank $node --master-addr $MASTER_IP --master-port "$port" \
-    --nproc-per-node 2 /usr/bin/python3 "$probe" >"$out/$name.log" 2>&1 &
+    --nproc-per-node 2 "$python" "$probe" >"$out/$name.log" 2>&1 &
   pids+=($!)
 done
 ok=1

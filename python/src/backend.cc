@@ -241,8 +241,17 @@ at::Tensor& one(std::vector<at::Tensor>& tensors, const char* where) {
 
 }  // namespace
 
+// The c10d Work of a chorus work; collectives count toward the sequence number.
+c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::issue(c10d::OpType type, const char* title,
+                                                         std::vector<at::Tensor> outputs,
+                                                         std::shared_ptr<chorus::Work> work,
+                                                         std::function<void()> then) {
+  if (type != c10d::OpType::SEND && type != c10d::OpType::RECV && type != c10d::OpType::RECVANYSOURCE) ++sequence_;
+  return ChorusWork::track(getRank(), type, title, std::move(outputs), std::move(work), std::move(then));
+}
+
 ProcessGroupChorus::ProcessGroupChorus(std::shared_ptr<chorus::ProcessGroup> pg)
-    : CHORUS_C10D_BASE(pg->rank(), pg->size()), pg_(std::move(pg)) {}
+    : c10d::Backend(pg->rank(), pg->size()), pg_(std::move(pg)) {}
 
 // Note [Closing under the GIL]
 // torch drops a group (destroy_process_group, interpreter exit) on a thread that holds the GIL,
@@ -261,10 +270,9 @@ ProcessGroupChorus::~ProcessGroupChorus() {
   });
 }
 
-c10::intrusive_ptr<CHORUS_C10D_BASE> ProcessGroupChorus::create(const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                                                int size, std::chrono::milliseconds timeout,
-                                                                const std::string& name,
-                                                                std::vector<int> global_ranks) {
+c10::intrusive_ptr<c10d::Backend> ProcessGroupChorus::create(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                                             int size, std::chrono::milliseconds timeout,
+                                                             const std::string& name, std::vector<int> global_ranks) {
   CommunicatorOptions options;
   if (const char* b = std::getenv("CHORUS_BACKEND")) options.backend = b;
   options.timeout = timeout;
@@ -278,22 +286,21 @@ c10::intrusive_ptr<CHORUS_C10D_BASE> ProcessGroupChorus::create(const c10::intru
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::broadcast(std::vector<at::Tensor>& tensors,
                                                              const c10d::BroadcastOptions& opts) {
   at::Tensor& t = one(tensors, "broadcast");
-  return ChorusWork::track(getRank(), c10d::OpType::BROADCAST, "chorus:broadcast", tensors,
-                           pg_->broadcast_async(t, int(opts.rootRank)));
+  return issue(c10d::OpType::BROADCAST, "chorus:broadcast", tensors, pg_->broadcast_async(t, int(opts.rootRank)));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::allreduce(std::vector<at::Tensor>& tensors,
                                                              const c10d::AllreduceOptions& opts) {
   at::Tensor& t = one(tensors, "all_reduce");
-  return ChorusWork::track(getRank(), c10d::OpType::ALLREDUCE, "chorus:all_reduce", tensors,
-                           pg_->all_reduce_async(t, reduce_op(opts.reduceOp, "all_reduce")));
+  return issue(c10d::OpType::ALLREDUCE, "chorus:all_reduce", tensors,
+               pg_->all_reduce_async(t, reduce_op(opts.reduceOp, "all_reduce")));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::reduce(std::vector<at::Tensor>& tensors,
                                                           const c10d::ReduceOptions& opts) {
   at::Tensor& t = one(tensors, "reduce");
-  return ChorusWork::track(getRank(), c10d::OpType::REDUCE, "chorus:reduce", tensors,
-                           pg_->reduce_async(t, int(opts.rootRank), reduce_op(opts.reduceOp, "reduce")));
+  return issue(c10d::OpType::REDUCE, "chorus:reduce", tensors,
+               pg_->reduce_async(t, int(opts.rootRank), reduce_op(opts.reduceOp, "reduce")));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -322,10 +329,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::allgather(std::vector<std::ve
         pg->broadcast_(out[size_t(r)], r);
       }
     });
-    return ChorusWork::track(getRank(), c10d::OpType::ALLGATHER, "chorus:all_gather", out, work);
+    return issue(c10d::OpType::ALLGATHER, "chorus:all_gather", out, work);
   }
   auto work = pg_->all_gather_async(t);
-  return ChorusWork::track(getRank(), c10d::OpType::ALLGATHER, "chorus:all_gather", out, work, [work, out] {
+  return issue(c10d::OpType::ALLGATHER, "chorus:all_gather", out, work, [work, out] {
     at::Tensor stacked = work->result().at(0);
     for (size_t r = 0; r < out.size(); ++r) out[r].copy_(stacked[int64_t(r)].view(out[r].sizes()));
   });
@@ -333,14 +340,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::allgather(std::vector<std::ve
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                    const c10d::AllgatherOptions&) {
-  return ChorusWork::track(getRank(), c10d::OpType::_ALLGATHER_BASE, "chorus:all_gather_into_tensor", {output},
-                           pg_->all_gather_into_async(output, input));
+  return issue(c10d::OpType::_ALLGATHER_BASE, "chorus:all_gather_into_tensor", {output},
+               pg_->all_gather_into_async(output, input));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                         const c10d::ReduceScatterOptions& opts) {
-  return ChorusWork::track(getRank(), c10d::OpType::_REDUCE_SCATTER_BASE, "chorus:reduce_scatter_tensor", {output},
-                           pg_->reduce_scatter_into_async(output, input, reduce_op(opts.reduceOp, "reduce_scatter")));
+  return issue(c10d::OpType::_REDUCE_SCATTER_BASE, "chorus:reduce_scatter_tensor", {output},
+               pg_->reduce_scatter_into_async(output, input, reduce_op(opts.reduceOp, "reduce_scatter")));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::gather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -354,7 +361,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::gather(std::vector<std::vecto
         detail::concat("chorus backend: gather needs one output list of ", getSize(), " tensors on the root"));
   auto work = pg_->gather_async(t, root);
   std::vector<at::Tensor> out = mine ? outputs[0] : std::vector<at::Tensor>{};
-  return ChorusWork::track(getRank(), c10d::OpType::GATHER, "chorus:gather", out, work, [work, out] {
+  return issue(c10d::OpType::GATHER, "chorus:gather", out, work, [work, out] {
     if (out.empty()) return;
     at::Tensor stacked = work->result().at(0);
     for (size_t r = 0; r < out.size(); ++r) out[r].copy_(stacked[int64_t(r)]);
@@ -374,8 +381,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::scatter(std::vector<at::Tenso
     stacked = at::stack(inputs[0]);
   }
   auto work = pg_->scatter_async(stacked, root);
-  return ChorusWork::track(getRank(), c10d::OpType::SCATTER, "chorus:scatter", outputs, work,
-                           [work, t]() mutable { t.copy_(work->result().at(0)); });
+  return issue(c10d::OpType::SCATTER, "chorus:scatter", outputs, work,
+               [work, t]() mutable { t.copy_(work->result().at(0)); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -386,8 +393,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::reduce_scatter(std::vector<at
     throw InvalidArgument(
         detail::concat("chorus backend: reduce_scatter needs one input list of ", getSize(), " tensors"));
   auto work = pg_->reduce_scatter_async(at::cat(inputs[0]), reduce_op(opts.reduceOp, "reduce_scatter"));
-  return ChorusWork::track(getRank(), c10d::OpType::REDUCE_SCATTER, "chorus:reduce_scatter", outputs, work,
-                           [work, t]() mutable { t.copy_(work->result().at(0).view_as(t)); });
+  return issue(c10d::OpType::REDUCE_SCATTER, "chorus:reduce_scatter", outputs, work,
+               [work, t]() mutable { t.copy_(work->result().at(0).view_as(t)); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::alltoall_base(at::Tensor& output, at::Tensor& input,
@@ -441,11 +448,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::exchange(const at::Tensor& in
     comm.all_to_all_v(src.numel() ? src.data_ptr() : nullptr, send_counts, dst.numel() ? dst.data_ptr() : nullptr,
                       recv_counts, dtype);
   });
-  return ChorusWork::track(getRank(), c10d::OpType::ALLTOALL, op, std::move(outputs), work,
-                           [dst, out, then = std::move(then)]() mutable {
-                             if (!dst.is_same(out)) out.copy_(dst);
-                             if (then) then(dst);
-                           });
+  return issue(c10d::OpType::ALLTOALL, op, std::move(outputs), work, [dst, out, then = std::move(then)]() mutable {
+    if (!dst.is_same(out)) out.copy_(dst);
+    if (then) then(dst);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::alltoall(std::vector<at::Tensor>& outputs,
@@ -497,16 +503,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::allreduce_coalesced(std::vect
   auto work = pg_->communicator().submit([pg, groups, reduce]() mutable {
     for (auto& [flat, members] : groups) pg->all_reduce_(flat, reduce);
   });
-  return ChorusWork::track(getRank(), c10d::OpType::ALLREDUCE_COALESCED, "chorus:all_reduce_coalesced", tensors, work,
-                           [groups] {
-                             for (const auto& [flat, members] : groups) {
-                               int64_t at = 0;
-                               for (at::Tensor t : members) {
-                                 t.copy_(flat.slice(0, at, at + t.numel()).view(t.sizes()));
-                                 at += t.numel();
-                               }
-                             }
-                           });
+  return issue(c10d::OpType::ALLREDUCE_COALESCED, "chorus:all_reduce_coalesced", tensors, work, [groups] {
+    for (const auto& [flat, members] : groups) {
+      int64_t at = 0;
+      for (at::Tensor t : members) {
+        t.copy_(flat.slice(0, at, at + t.numel()).view(t.sizes()));
+        at += t.numel();
+      }
+    }
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
@@ -538,27 +543,27 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::allgather_coalesced(std::vect
   std::vector<at::Tensor> flat_outputs;
   for (auto& list : outputs) flat_outputs.insert(flat_outputs.end(), list.begin(), list.end());
   const int64_t per_rank = in.numel();
-  return ChorusWork::track(getRank(), c10d::OpType::ALLGATHER_COALESCED, "chorus:all_gather_coalesced", flat_outputs,
-                           work, [outputs, all, per_rank] {
-                             for (size_t r = 0; r < outputs.size(); ++r) {
-                               int64_t at = int64_t(r) * per_rank;
-                               for (at::Tensor t : outputs[r]) {
-                                 const int64_t n = t.numel() * int64_t(t.element_size());
-                                 t.copy_(all.slice(0, at, at + n).view(t.scalar_type()).view(t.sizes()));
-                                 at += n;
-                               }
-                             }
-                           });
+  return issue(c10d::OpType::ALLGATHER_COALESCED, "chorus:all_gather_coalesced", flat_outputs, work,
+               [outputs, all, per_rank] {
+                 for (size_t r = 0; r < outputs.size(); ++r) {
+                   int64_t at = int64_t(r) * per_rank;
+                   for (at::Tensor t : outputs[r]) {
+                     const int64_t n = t.numel() * int64_t(t.element_size());
+                     t.copy_(all.slice(0, at, at + n).view(t.scalar_type()).view(t.sizes()));
+                     at += n;
+                   }
+                 }
+               });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
   at::Tensor& t = one(tensors, "send");
-  return ChorusWork::track(getRank(), c10d::OpType::SEND, "chorus:send", tensors, pg_->send_async(t, dst, tag));
+  return issue(c10d::OpType::SEND, "chorus:send", tensors, pg_->send_async(t, dst, tag));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
   at::Tensor& t = one(tensors, "recv");
-  return ChorusWork::track(getRank(), c10d::OpType::RECV, "chorus:recv", tensors, pg_->recv_async(t, src, tag));
+  return issue(c10d::OpType::RECV, "chorus:recv", tensors, pg_->recv_async(t, src, tag));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::recvAnysource(std::vector<at::Tensor>&, int) {
@@ -567,7 +572,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::recvAnysource(std::vector<at:
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::barrier(const c10d::BarrierOptions&) {
-  return ChorusWork::track(getRank(), c10d::OpType::BARRIER, "chorus:barrier", {}, pg_->barrier_async());
+  return issue(c10d::OpType::BARRIER, "chorus:barrier", {}, pg_->barrier_async());
 }
 
 }  // namespace chorus::python

@@ -1,21 +1,11 @@
-// chorus as a torch.distributed backend: a c10d::ProcessGroup over chorus's ProcessGroup
-// (backend.cc).
+// chorus as a torch.distributed backend: a c10d::Backend over chorus's ProcessGroup (backend.cc).
 #pragma once
 
 #include <chorus/chorus.h>
-#include <torch/version.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
-// torch 1.13 takes a ProcessGroup from a backend's creator; torch 2.x takes a c10d::Backend and
-// wraps it in a ProcessGroup itself (the virtual methods and their signatures are the same).
-#if TORCH_VERSION_MAJOR >= 2
-#include <torch/csrc/distributed/c10d/Backend.hpp>
-#define CHORUS_C10D_BASE c10d::Backend
-#else
-#define CHORUS_C10D_BASE c10d::ProcessGroup
-#endif
-
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -24,7 +14,7 @@
 
 namespace chorus::python {
 
-class ProcessGroupChorus : public CHORUS_C10D_BASE {
+class ProcessGroupChorus : public c10d::Backend {
  public:
   explicit ProcessGroupChorus(std::shared_ptr<chorus::ProcessGroup> pg);
   // Lets the submitted work finish, then closes the communicator (Note [Closing under the GIL]).
@@ -36,9 +26,9 @@ class ProcessGroupChorus : public CHORUS_C10D_BASE {
   // The creator torch calls for each group: rendezvous through `store` (torch's, already prefixed
   // for the group), one Communicator per group. `global_ranks`: the default group's rank of each
   // member (empty: this is the default group).
-  static c10::intrusive_ptr<CHORUS_C10D_BASE> create(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                                     std::chrono::milliseconds timeout, const std::string& name,
-                                                     std::vector<int> global_ranks);
+  static c10::intrusive_ptr<c10d::Backend> create(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                                  std::chrono::milliseconds timeout, const std::string& name,
+                                                  std::vector<int> global_ranks);
 
   const std::string getBackendName() const override { return "chorus"; }
   // The chorus engine that moves this group's data: "shm", "gloo", or the hierarchy across hosts.
@@ -80,6 +70,10 @@ class ProcessGroupChorus : public CHORUS_C10D_BASE {
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts = c10d::BarrierOptions()) override;
+  // The number of collectives issued on this group (TORCH_DISTRIBUTED_DEBUG=DETAIL's wrapper
+  // compares it between ranks before each collective).
+  void setSequenceNumberForGroup() override { sequence_ = 0; }
+  uint64_t getSequenceNumberForGroup() override { return sequence_; }
 
  private:
   std::vector<size_t> split_counts(const at::Tensor& t, const std::vector<int64_t>& splits, const char* op,
@@ -88,7 +82,10 @@ class ProcessGroupChorus : public CHORUS_C10D_BASE {
                                           std::vector<size_t> recv_counts, const char* op,
                                           std::vector<at::Tensor> outputs,
                                           std::function<void(const at::Tensor&)> then = nullptr);
+  c10::intrusive_ptr<c10d::Work> issue(c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
+                                       std::shared_ptr<chorus::Work> work, std::function<void()> then = nullptr);
   std::shared_ptr<chorus::ProcessGroup> pg_;
+  std::atomic<uint64_t> sequence_{0};
 };
 
 }  // namespace chorus::python

@@ -1,12 +1,9 @@
-// chorus_torch._C: the creator torch.distributed calls for backend "chorus", and the check that the
-// libtorch this module was built against is the one loaded.
+// chorus_torch._C: the creator torch.distributed calls for backend "chorus" (the package's
+// __init__.py checks first that this Python's torch is the one this module was built against).
 #include <pybind11/chrono.h>
 #include <pybind11/pybind11.h>
 #include <torch/csrc/utils/pybind.h>
 
-#include <climits>
-#include <cstdlib>
-#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
@@ -14,24 +11,6 @@
 #include "backend.h"
 
 namespace py = pybind11;
-
-namespace {
-
-// The real path of the libtorch_cpu mapped into this process (this module and torch's Python both
-// link it), from /proc/self/maps.
-std::string loaded_libtorch() {
-  std::ifstream maps("/proc/self/maps");
-  for (std::string line; std::getline(maps, line);) {
-    const size_t at = line.find('/');
-    if (at == std::string::npos || line.find("libtorch_cpu.so") == std::string::npos) continue;
-    char buf[PATH_MAX];
-    const std::string path = line.substr(at);
-    return realpath(path.c_str(), buf) ? std::string(buf) : path;
-  }
-  return "(no libtorch_cpu mapped)";
-}
-
-}  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "chorus as a torch.distributed backend";
@@ -62,11 +41,9 @@ PYBIND11_MODULE(_C, m) {
                                                           std::move(ranks));
       },
       py::arg("options"), py::arg("pg_options") = py::none());
-  m.def("_engine", [](const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
-    const auto* chorus_group = dynamic_cast<const chorus::python::ProcessGroupChorus*>(group.get());
+  m.def("_engine", [](const c10::intrusive_ptr<c10d::Backend>& backend) {
+    const auto* chorus_group = dynamic_cast<const chorus::python::ProcessGroupChorus*>(backend.get());
     if (!chorus_group) throw py::value_error("chorus_torch.engine: this group's backend is not chorus");
     return chorus_group->engine();
   });
-  m.def("_loaded_libtorch", &loaded_libtorch);
-  m.attr("_built_libtorch") = CHORUS_BUILT_LIBTORCH;
 }

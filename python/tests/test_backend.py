@@ -4,7 +4,7 @@ what chorus refuses), and the launchers (mp.spawn without an explicit import, to
 chorusrun).
 Every rank runs in its own process; a test fails instead of hanging.
 
-  PYTHONUSERBASE=<build>/python/userbase CHORUSRUN=<build>/launcher/chorusrun \\
+  PYTHONPATH=<build>/python/site CHORUSRUN=<build>/launcher/chorusrun \\
     /usr/bin/python3 python/tests/test_backend.py [-v] [-k PATTERN]"""
 import multiprocessing
 import os
@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 TIMEOUT = 120  # seconds for any one test's processes
 if "CHORUS" not in dist.Backend._plugins:
-    sys.exit("backend chorus is not registered: run with PYTHONUSERBASE=<build>/python/userbase "
+    sys.exit("backend chorus is not registered: run with PYTHONPATH=<build>/python/site "
              "(or with chorus_torch installed), which loads chorus_torch after torch in every process")
 
 
@@ -191,10 +191,11 @@ def ddp_desync(rank, world):
 
 def refused(rank, world):
     expect_error(lambda: dist.all_reduce(torch.ones(3).to_sparse()), "all_reduce", "sparse")
-    q = torch.quantize_per_tensor(torch.ones(4), 0.1, 0, torch.quint8)
-    expect_error(lambda: dist.all_to_all_single(torch.empty_like(q), q), "all_to_all_single", "cannot move")
-    # Non-CPU tensors: torch 1.13's dispatcher refuses those of devices without c10d kernels
-    # before any backend sees them; a CUDA tensor would reach chorus's check, which names it.
+    f8 = torch.zeros(4, dtype=torch.float8_e4m3fn)
+    expect_error(lambda: dist.all_to_all_single(torch.empty_like(f8), f8), "all_to_all_single", "cannot move")
+    # Quantized and non-CPU tensors: torch's dispatcher refuses those of dispatch keys without
+    # c10d kernels (QuantizedCPU, meta) before any backend sees them; a CUDA tensor would reach
+    # chorus's check, which names it.
     if rank == 0:
         expect_error(lambda: dist.recv(torch.zeros(2)), "any source")
     expect_error(lambda: dist.all_to_all_single(torch.zeros(3), torch.zeros(3)), "all_to_all_single", "rows")
@@ -295,28 +296,41 @@ class Backend(unittest.TestCase):
 
 
 class Import(unittest.TestCase):
-    def test_another_libtorch_is_refused_by_name(self):
-        # The same libtorch_cpu under another path stands for a torch chorus was not built against.
+    def test_another_torch_is_refused_by_name(self):
+        # A torch of another version or build stands in for one chorus was not built against: the
+        # import names both, before it loads the extension.
         import chorus_torch
 
-        built = os.path.realpath(chorus_torch._C._loaded_libtorch())
+        built = chorus_torch._build.TORCH_VERSION
+        other = textwrap.dedent("""
+            import torch
+            torch.__version__ = "2.12.1+cpu"
+            import chorus_torch
+        """)
+        env = dict(os.environ, CHORUS_TORCH_AUTOLOAD="0")
+        out = subprocess.run([sys.executable, "-c", other], capture_output=True, text=True, env=env, timeout=TIMEOUT)
+        self.assertNotEqual(out.returncode, 0, out.stdout)
+        self.assertIn(f"built against torch {built}", out.stderr)
+        self.assertIn("this Python loaded torch 2.12.1+cpu", out.stderr)
+        # Another build of the same version (its git commit differs) is refused too.
+        other = other.replace('torch.__version__ = "2.12.1+cpu"', 'torch.version.git_version = "0" * 40')
+        out = subprocess.run([sys.executable, "-c", other], capture_output=True, text=True, env=env, timeout=TIMEOUT)
+        self.assertIn("(git 000000000000,", out.stderr)
+
+    def test_hook_never_breaks_import_torch(self):
+        # A chorus_torch that fails to import (here one that raises) leaves torch importable, with
+        # a warning that says why chorus is not there.
         with tempfile.TemporaryDirectory() as d:
-            other = os.path.join(d, "libtorch_cpu.so.1.13")
-            try:
-                os.link(built, other)
-            except OSError:
-                shutil.copy(built, other)
-            env = dict(os.environ, LD_LIBRARY_PATH=d, CHORUS_TORCH_AUTOLOAD="0")
-            out = subprocess.run([sys.executable, "-c", "import chorus_torch"], capture_output=True, text=True,
-                                 env=env, timeout=TIMEOUT)
-            self.assertNotEqual(out.returncode, 0, out.stdout)
-            self.assertIn(f"built against {built} but this Python loaded {other}", out.stderr)
-            # With the hook, torch itself still imports, with a warning that says why chorus is not there.
-            env["CHORUS_TORCH_AUTOLOAD"] = "1"
-            out = subprocess.run([sys.executable, "-c", "import torch"], capture_output=True, text=True, env=env,
+            os.mkdir(os.path.join(d, "chorus_torch"))
+            with open(os.path.join(d, "chorus_torch", "__init__.py"), "w") as f:
+                f.write("raise ImportError('built against another torch')\n")
+            env = dict(os.environ, CHORUS_TORCH_AUTOLOAD="1")
+            code = "import sys; sys.path.insert(0, sys.argv[1]); import torch; print('torch', torch.__version__)"
+            out = subprocess.run([sys.executable, "-c", code, d], capture_output=True, text=True, env=env,
                                  timeout=TIMEOUT)
-            self.assertEqual(out.returncode, 0, out.stderr)
-            self.assertIn("chorus_torch was not loaded", out.stderr)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("torch 2.", out.stdout)
+        self.assertIn("chorus_torch was not loaded: built against another torch", out.stderr)
 
 
 LAUNCHED = textwrap.dedent("""

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs chorus from a build tree into a fresh prefix, builds tests/install_consumer against it
-# with find_package(chorus CONFIG), and runs it; then imports the installed Python package.
-# Usage: check.sh <build-dir> <work-dir>
+# with find_package(chorus CONFIG), and runs it; then imports the installed Python package with
+# the Python it was built for.
+# Usage: check.sh <build-dir> <work-dir> [python]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-build=$1 work=$2
+build=$1 work=$2 python=${3:-}
 rm -rf "$work"
 cmake --install "$build" --prefix "$work/prefix" > /dev/null
 cmake -S "$here" -B "$work/consumer" -DCMAKE_PREFIX_PATH="$work/prefix" -DCMAKE_BUILD_TYPE=Release > /dev/null
@@ -13,8 +14,8 @@ OMP_NUM_THREADS=1 "$work/consumer/consumer"
 
 # The Python package, when built: its .pth hook loads chorus_torch after torch, with no import.
 site=$(find "$work/prefix" -name chorus_torch.pth -printf '%h\n' | head -1)
-if [[ -n "$site" ]]; then
-  /usr/bin/python3 - "$site" "$work" <<'PY'
+if [[ -n "$site" && -n "$python" ]]; then
+  "$python" - "$site" "$work" <<'PY'
 import site, sys
 site.addsitedir(sys.argv[1])  # what Python does at start-up for its site-packages
 import torch, torch.distributed as dist

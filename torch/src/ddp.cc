@@ -49,7 +49,7 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
   std::vector<Bucket> buckets;
   std::vector<size_t> bucket_of, slot_of;
   std::vector<char> ready;
-  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hooks;
+  std::vector<std::pair<c10::intrusive_ptr<torch::autograd::Node>, uintptr_t>> hooks;
   std::vector<at::Tensor> buffers;  // module buffers, for broadcast_buffers
   CommHook hook;
   bool custom_hook = false, backward_seen = false, sync = true, finalizing_queued = false;

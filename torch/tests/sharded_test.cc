@@ -404,8 +404,7 @@ TEST(Sharded, FullShardHoldsSixteenBytesPerParameterOverW) {
     }
     int64_t optimizer_bytes = 0;
     for (const auto& p : sdp.parameters()) {
-      auto& state =
-          static_cast<torch::optim::AdamParamState&>(*opt.state().at(c10::guts::to_string(p.unsafeGetTensorImpl())));
+      auto& state = static_cast<torch::optim::AdamParamState&>(*opt.state().at(p.unsafeGetTensorImpl()));
       optimizer_bytes += (state.exp_avg().numel() + state.exp_avg_sq().numel()) * 4;
     }
     auto m = sdp.memory_stats();

@@ -1,7 +1,10 @@
-// torch's c10d TCPStore protocol (1.13): a request is one query byte, then its arguments in host
-// byte order; strings and byte vectors are a uint64 length and the bytes. Queries: SET 0,
-// COMPARE_SET 1, GET 2, ADD 3, CHECK 4 (answer: READY 0 / NOT_READY 1), WAIT 5 (answer STOP_WAITING
-// 0 once every key exists; the server holds it until then), DELETE_KEY 8 (answer: int64 count).
+// torch's c10d TCPStore protocol (torch 2.x): a request is one query byte, then its arguments in
+// host byte order; strings and byte vectors are a uint64 length and the bytes. A connection first
+// says VALIDATE 0 with the uint32 magic number 0x3C85F7CE (no answer; the server closes a
+// connection that does not). Queries: SET 1, COMPARE_SET 2, GET 3, ADD 4, CHECK 5 (answer:
+// READY 0 / NOT_READY 1), WAIT 6 (answer STOP_WAITING 0 once every key exists; the server holds
+// it until then), DELETE_KEY 8 (answer: int64 count). (torch 1.13 had no VALIDATE, and each
+// query one less.)
 #include "chorus/core/torch_store.h"
 
 #include <poll.h>
@@ -22,7 +25,17 @@ namespace chorus {
 using Clock = std::chrono::steady_clock;
 
 namespace {
-enum Query : uint8_t { kSet = 0, kCompareSet = 1, kGet = 2, kAdd = 3, kCheck = 4, kWait = 5, kDeleteKey = 8 };
+enum Query : uint8_t {
+  kValidate = 0,
+  kSet = 1,
+  kCompareSet = 2,
+  kGet = 3,
+  kAdd = 4,
+  kCheck = 5,
+  kWait = 6,
+  kDeleteKey = 8
+};
+constexpr uint32_t kValidationMagic = 0x3C85F7CE;
 
 struct Frame {
   std::string bytes;
@@ -43,7 +56,12 @@ struct Frame {
 class TorchStore::Connection {
  public:
   Connection(const std::string& host, int port, std::chrono::milliseconds timeout)
-      : fd_(net::connect_to(host, port, timeout)) {}
+      : fd_(net::connect_to(host, port, timeout)) {
+    if (!send(Frame(kValidate).value(kValidationMagic).bytes, Clock::now() + timeout)) {
+      close(fd_);
+      throw StoreError(detail::concat("torch TCPStore ", host, ":", port, ": the connection failed at its start"));
+    }
+  }
   ~Connection() { close(fd_); }
 
   // Sends the request; false when the connection failed.

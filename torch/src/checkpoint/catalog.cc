@@ -321,7 +321,7 @@ void LoadCatalog::finish(const c10::impl::GenericDict& objects, std::map<std::st
         for (const auto* from : {&loaded, &in_place_})
           for (auto it = from->lower_bound(prefix); it != from->end() && it->first.rfind(prefix, 0) == 0; ++it)
             tensors[it->first.substr(prefix.size())] = it->second;
-        const std::string key = state_key(group.params()[k]);
+        void* const key = state_key(group.params()[k]);
         if (tensors.empty() && !steps.contains(ref)) {
           o->optimizer->state().erase(key);  // the checkpoint was taken before any step
           continue;

@@ -162,7 +162,9 @@ void restore_rng(const Meta& meta, ProcessGroup& group) {
   }
   auto gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(meta.rng[size_t(group.rank())]);
+  // A copy: the saved states share one storage, and torch 2.13's set_state reads a state with a
+  // storage offset at offset x sizeof(state), past its end.
+  gen.set_state(meta.rng[size_t(group.rank())].clone());
 }
 
 }  // namespace

@@ -176,6 +176,6 @@ const Codec& codec_of(optim::Optimizer& o, const std::string& item) {
                                typeid(o).name(), "); they know SGD, Adam, AdamW, Adagrad and RMSprop"));
 }
 
-std::string state_key(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+void* state_key(const at::Tensor& p) { return p.unsafeGetTensorImpl(); }
 
 }  // namespace chorus::detail::checkpoint

@@ -34,6 +34,6 @@ struct Codec {
 const Codec& codec_of(torch::optim::Optimizer& o, const std::string& item);
 
 // The key of p's state in Optimizer::state().
-std::string state_key(const at::Tensor& p);
+void* state_key(const at::Tensor& p);
 
 }  // namespace chorus::detail::checkpoint

@@ -211,9 +211,11 @@ void save_full(const std::string& path, const Catalog& c, ProcessGroup& group) {
       return keep.back();
     });
     std::vector<char> pickle;
-    torch::jit::Pickler pickler([&](const char* p, size_t n) { pickle.insert(pickle.end(), p, p + n); },
-                                /*tensor_table=*/nullptr, nullptr, nullptr,
-                                [&](const at::Tensor& t) { return std::to_string(index.at(t.unsafeGetTensorImpl())); });
+    torch::jit::Pickler pickler(
+        [&](const char* p, size_t n) { pickle.insert(pickle.end(), p, p + n); },
+        /*tensor_table=*/nullptr, nullptr, nullptr,
+        [&](const at::Tensor& t) { return std::to_string(index.at(t.unsafeGetTensorImpl())); },
+        /*tag_aggregates=*/false);  // plain dicts and lists: torch.load's weights_only reads them
     pickler.protocol();
     pickler.pushIValue(data);
     pickler.stop();

@@ -119,7 +119,7 @@ class ShardedState : public std::enable_shared_from_this<ShardedState> {
   std::vector<Param> params_;
   std::vector<Unit> units_;  // units_[0]: the root unit
   std::vector<at::Tensor> buffers_;
-  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hooks_;
+  std::vector<std::pair<c10::intrusive_ptr<torch::autograd::Node>, uintptr_t>> hooks_;
 
   mutable std::mutex mu_;
   bool in_forward_ = false, forward_grad_ = false;

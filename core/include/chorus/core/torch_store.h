@@ -1,4 +1,4 @@
-// A client of torch's own TCPStore (c10d's wire protocol, as torch 1.13 speaks it): what lets
+// A client of torch's own TCPStore (c10d's wire protocol, as torch 2.x speaks it): what lets
 // chorus meet its peers on the store that torchrun's agent hosts at MASTER_PORT
 // (TORCHELASTIC_USE_AGENT_STORE=True), instead of colliding with it.
 #pragma once
