@@ -36,6 +36,7 @@ std::string_view to_string(OpKind kind) {
     case OpKind::Recv: return "recv";
     case OpKind::Split: return "split";
     case OpKind::AllocSymmetric: return "alloc_symmetric";
+    case OpKind::RecvAny: return "recv_any";
   }
   return "unknown call";
 }
@@ -61,7 +62,9 @@ std::string describe(OpKind kind, DataType dtype, ReduceOp op, int root, uint64_
 
 std::string describe(const Call& c) {
   std::string s = describe(c.kind, c.dtype, c.op, c.root, c.count);
-  if (c.kind == OpKind::Send || c.kind == OpKind::Recv)
+  if (c.kind == OpKind::RecvAny)
+    s = detail::concat("recv(", to_string(c.dtype), " x ", c.count, ", from any rank, tag ", c.tag, ")");
+  else if (point_to_point(c.kind))
     s = detail::concat(to_string(c.kind), "(", to_string(c.dtype), " x ", c.count, ", ",
                        c.kind == OpKind::Send ? "to" : "from", " rank ", c.root, ", tag ", c.tag, ")");
   return s;

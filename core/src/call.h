@@ -30,8 +30,13 @@ enum class OpKind : uint8_t {
   Recv,
   Split,
   AllocSymmetric,
+  RecvAny,  // a Recv from whichever peer's message comes first (root -1)
 };
 std::string_view to_string(OpKind kind);
+// Send, Recv, RecvAny: ordered per (peer, direction), not collective.
+inline bool point_to_point(OpKind kind) {
+  return kind == OpKind::Send || kind == OpKind::Recv || kind == OpKind::RecvAny;
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -55,6 +60,9 @@ struct Call {
   // Split: the member ranks.
   std::vector<uint64_t> counts;
   std::vector<uint64_t> recv_counts;  // AllToAllV only (per source)
+  int* source = nullptr;              // RecvAny: where the backend writes the sender's rank
+  // AllGather into separate buffers: rank p's block goes to outs[p] (out is null). Empty: out.
+  std::vector<void*> outs;
   Clock::time_point start;
   Clock::time_point deadline;
   // Non-empty when this rank's arguments were rejected: the backend still meets the others in

@@ -1,6 +1,10 @@
 // Subgroups, async work and point-to-point.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <thread>
@@ -170,6 +174,125 @@ TEST_P(PointToPoint, RingOfEverySize) {
           for (size_t i = 0; i < count; ++i) RANK_CHECK(in[i] == int32_t(i * 7 + size_t(prev)), "at ", i);
           comm.barrier();
         }
+      },
+      options()));
+}
+
+// recv_any: each message comes from whichever rank sends first, and names it; large messages too
+// (the rest of a message comes from the same rank); a receive issued before it from one peer
+// gets that peer's first message.
+TEST_P(PointToPoint, ReceiveFromAnyRank) {
+  expect_all_ok(run_group(
+      3,
+      [](Communicator& comm) {
+        const int me = comm.rank(), n = comm.size();
+        for (size_t count : {size_t(1), size_t(3000000)}) {
+          if (me != 0) {
+            std::vector<int32_t> out(count, me);
+            comm.send(out.data(), count, DataType::Int32, 0, 3);
+          } else {
+            std::vector<int> from;
+            for (int k = 1; k < n; ++k) {
+              std::vector<int32_t> in(count, -1);
+              const int src = comm.recv_any(in.data(), count, DataType::Int32, 3);
+              RANK_CHECK(src > 0 && src < n && in.front() == src && in.back() == src, "from ", src);
+              from.push_back(src);
+            }
+            std::sort(from.begin(), from.end());
+            RANK_CHECK(from == std::vector<int>({1, 2}));
+          }
+          comm.barrier();
+        }
+        // Rank 2 sends twice, rank 1 once. Rank 0 receives from 2 first, then asynchronously from
+        // any rank twice: it must get rank 2's second message and rank 1's, never rank 2's first.
+        if (me == 2) {
+          int64_t a = 20, b = 21;
+          comm.send(&a, 1, DataType::Int64, 0);
+          comm.send(&b, 1, DataType::Int64, 0);
+        } else if (me == 1) {
+          int64_t c = 10;
+          comm.send(&c, 1, DataType::Int64, 0);
+        } else {
+          int64_t first = 0, x = 0, y = 0;
+          int sx = -1, sy = -1;
+          auto w0 = comm.recv_async(&first, 1, DataType::Int64, 2);
+          auto wx = comm.recv_any_async(&x, 1, DataType::Int64, &sx);
+          auto wy = comm.recv_any_async(&y, 1, DataType::Int64, &sy);
+          w0->wait();
+          wx->wait();
+          wy->wait();
+          RANK_CHECK(first == 20, first);
+          RANK_CHECK((sx == 1 && x == 10 && sy == 2 && y == 21) || (sx == 2 && x == 21 && sy == 1 && y == 10), sx, " ",
+                     x, " ", sy, " ", y);
+        }
+        comm.barrier();
+      },
+      options()));
+}
+
+TEST_P(PointToPoint, ReceiveFromAnyRankNamesAPeerThatDies) {
+  if (GetParam() == "mpi") GTEST_SKIP() << "mpirun ends the job when a rank dies: tests/mpi_rank_killed.sh";
+  auto results = run_ranks(2, [&](RankContext& ctx) {
+    auto comm = Communicator::create(ctx.store, ctx.rank, ctx.world, options(20000ms));
+    comm->barrier();
+    if (ctx.rank == 1) kill(getpid(), SIGKILL);  // dies without a word
+    int32_t x = 0;
+    auto msg = RANK_EXPECT_THROW(PeerFailure, comm->recv_any(&x, 1, DataType::Int32));
+    RANK_CHECK(msg.find("rank 1") != std::string::npos, msg);
+  });
+  EXPECT_EQ(results[1].signal, SIGKILL);
+  EXPECT_EQ(results[0].exit_code, 0) << results[0].report;
+}
+
+// Note [One Work per call]: the handle given is the Work returned and finished, and `then` runs
+// before it finishes.
+TEST_P(Async, TheHandleGivenIsTheQueuedWork) {
+  expect_all_ok(run_group(
+      2,
+      [](Communicator& comm) {
+        struct Mine : Work {};
+        auto mine = std::make_shared<Mine>();
+        std::atomic<bool> then_saw_unfinished{false};
+        int64_t x = comm.rank() + 1;
+        auto w = comm.submit([&] { comm.all_reduce(&x, &x, 1, DataType::Int64, ReduceOp::Sum); },
+                             {.handle = mine, .then = [&] { then_saw_unfinished = !mine->is_completed(); }});
+        RANK_CHECK(w.get() == mine.get());
+        w->wait();
+        RANK_CHECK(then_saw_unfinished && x == 3);
+        int64_t y = 7;
+        auto mine2 = std::make_shared<Mine>();
+        auto s = comm.rank() == 0 ? comm.send_async(&y, 1, DataType::Int64, 1, 0, {}, {.handle = mine2})
+                                  : comm.recv_async(&y, 1, DataType::Int64, 0, 0, {}, {.handle = mine2});
+        RANK_CHECK(s.get() == mine2.get());
+        s->wait();
+        RANK_CHECK(y == 7);
+      },
+      options()));
+}
+
+// all_gather_to: every rank's block into a buffer of its own, in place too.
+TEST_P(Groups, AllGatherIntoSeparateBuffers) {
+  expect_all_ok(run_group(
+      3,
+      [](Communicator& comm) {
+        const int me = comm.rank(), n = comm.size();
+        for (size_t count : {size_t(0), size_t(3), size_t(700000)}) {
+          std::vector<std::vector<float>> blocks(size_t(n), std::vector<float>(count, -1.0f));
+          std::vector<void*> outs;
+          for (auto& b : blocks) outs.push_back(b.data());
+          std::vector<float> in(count, float(me));
+          comm.all_gather_to(in.data(), outs, count, DataType::Float32);
+          for (int r = 0; r < n; ++r)
+            RANK_CHECK(count == 0 || (blocks[size_t(r)].front() == float(r) && blocks[size_t(r)].back() == float(r)),
+                       "block ", r);
+          std::fill(blocks[size_t(me)].begin(), blocks[size_t(me)].end(), float(me) * 2);  // in place
+          comm.all_gather_to(blocks[size_t(me)].data(), outs, count, DataType::Float32);
+          for (int r = 0; r < n; ++r) RANK_CHECK(count == 0 || blocks[size_t(r)].back() == float(r) * 2);
+        }
+        std::vector<float> a(4), b(4), in(4);
+        std::vector<void*> overlapping = {a.data(), a.data() + 1, b.data()};
+        auto msg = RANK_EXPECT_THROW(InvalidArgument, comm.all_gather_to(in.data(), overlapping, 4, DataType::Float32));
+        RANK_CHECK(msg.find("overlap") != std::string::npos, msg);
       },
       options()));
 }

@@ -1,6 +1,7 @@
 """chorus as a torch.distributed backend: `import chorus_torch` (or the chorus_torch.pth hook
 that an install puts in site-packages, which imports it right after torch in every process)
 registers backend "chorus"; then `torch.distributed.init_process_group("chorus", ...)`."""
+import atexit
 import os
 
 import torch  # noqa: F401  (torch's types first: the backend derives from its c10d::Backend)
@@ -22,6 +23,10 @@ if _here != (_build.TORCH_VERSION, _build.TORCH_GIT_VERSION):
     )
 
 from . import _C  # noqa: E402
+
+# Note [Exiting Python] (src/backend.cc): chorus's threads drop their references to Python's
+# tensors before the interpreter finalizes.
+atexit.register(_C._exiting)
 
 if "CHORUS" not in dist.Backend._plugins:
     # devices=["cpu"]: chorus serves CPU tensors; "cpu:chorus,cuda:nccl" pairs it with another

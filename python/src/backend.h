@@ -1,4 +1,6 @@
 // chorus as a torch.distributed backend: a c10d::Backend over chorus's ProcessGroup (backend.cc).
+// Only chorus's public headers: every collective it serves is a ProcessGroup operation that C++
+// users have too.
 #pragma once
 
 #include <chorus/chorus.h>
@@ -9,14 +11,22 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 namespace chorus::python {
 
+class ChorusWork;
+
+// Note [Exiting Python] (backend.cc): waits up to `patience` until chorus's threads hold no
+// reference that Python would have to release, then makes them leak what they still hold. The
+// package calls it at exit, with the GIL released.
+void python_exiting(std::chrono::milliseconds patience);
+
 class ProcessGroupChorus : public c10d::Backend {
  public:
-  explicit ProcessGroupChorus(std::shared_ptr<chorus::ProcessGroup> pg);
+  ProcessGroupChorus(std::shared_ptr<chorus::ProcessGroup> pg, std::chrono::milliseconds timeout);
   // Lets the submitted work finish, then closes the communicator (Note [Closing under the GIL]).
   ~ProcessGroupChorus() override;
   // How the destructor runs its teardown: the Python module makes it release the GIL first.
@@ -33,11 +43,18 @@ class ProcessGroupChorus : public c10d::Backend {
   const std::string getBackendName() const override { return "chorus"; }
   // The chorus engine that moves this group's data: "shm", "gloo", or the hierarchy across hosts.
   std::string engine() const { return pg_->communicator().backend_name(); }
+  c10::intrusive_ptr<Options> getBackendOptions() override;
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts = c10d::BroadcastOptions()) override;
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts = c10d::AllreduceOptions()) override;
+  // Refused by name: chorus moves dense tensors.
+  c10::intrusive_ptr<c10d::Work> allreduce_sparse(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts = c10d::AllreduceOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors,
+      const c10d::AllreduceCoalescedOptions& opts = c10d::AllreduceCoalescedOptions()) override;
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
                                         const c10d::ReduceOptions& opts = c10d::ReduceOptions()) override;
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -45,9 +62,12 @@ class ProcessGroupChorus : public c10d::Backend {
                                            const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
   c10::intrusive_ptr<c10d::Work> _allgather_base(
       at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
-  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
-      at::Tensor& output, at::Tensor& input,
-      const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
   c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
                                         const c10d::GatherOptions& opts = c10d::GatherOptions()) override;
   c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
@@ -55,37 +75,51 @@ class ProcessGroupChorus : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> reduce_scatter(
       std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
       const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input,
+      const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
                                                std::vector<int64_t>& output_splits, std::vector<int64_t>& input_splits,
                                                const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
-  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
-      std::vector<at::Tensor>& tensors,
-      const c10d::AllreduceCoalescedOptions& opts = c10d::AllreduceCoalescedOptions()) override;
-  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
-      std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
-      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
-  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts = c10d::BarrierOptions()) override;
+
+  // Note [Coalescing blocks]: between startCoalescing and endCoalescing every call is issued as
+  // usual, and endCoalescing returns one Work that finishes when all of them have (torch's
+  // batch_isend_irecv and _coalescing_manager wait on that one).
+  bool supportsCoalescing() const override { return true; }
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+
+  // A group of `ranks` (of this group) on `store`, made by its members only (ProcessGroup's
+  // split_group).
+  bool supportsSplitting() const override { return true; }
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
+                                          const c10::intrusive_ptr<Options>& opts) override;
+
   // The number of collectives issued on this group (TORCH_DISTRIBUTED_DEBUG=DETAIL's wrapper
   // compares it between ranks before each collective).
   void setSequenceNumberForGroup() override { sequence_ = 0; }
   uint64_t getSequenceNumberForGroup() override { return sequence_; }
 
  private:
-  std::vector<size_t> split_counts(const at::Tensor& t, const std::vector<int64_t>& splits, const char* op,
-                                   const char* which) const;
-  c10::intrusive_ptr<c10d::Work> exchange(const at::Tensor& in, std::vector<size_t> send_counts, at::Tensor out,
-                                          std::vector<size_t> recv_counts, const char* op,
-                                          std::vector<at::Tensor> outputs,
-                                          std::function<void(const at::Tensor&)> then = nullptr);
+  // One call: its ChorusWork, given to `start` (which issues the ProcessGroup call with it as
+  // the handle), counted as a collective or not, and kept for an open coalescing block.
   c10::intrusive_ptr<c10d::Work> issue(c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
-                                       std::shared_ptr<chorus::Work> work, std::function<void()> then = nullptr);
+                                       const std::function<void(chorus::TensorAsyncOptions)>& start);
   std::shared_ptr<chorus::ProcessGroup> pg_;
+  std::chrono::milliseconds timeout_;
   std::atomic<uint64_t> sequence_{0};
+  std::mutex coalescing_mu_;
+  bool coalescing_ = false;
+  std::vector<c10::intrusive_ptr<ChorusWork>> block_;  // the calls of the open coalescing block
 };
 
 }  // namespace chorus::python

@@ -41,6 +41,13 @@ PYBIND11_MODULE(_C, m) {
                                                           std::move(ranks));
       },
       py::arg("options"), py::arg("pg_options") = py::none());
+  m.def(
+      "_exiting",
+      [](double patience_s) {
+        py::gil_scoped_release no_gil;  // the threads being waited for may need it
+        chorus::python::python_exiting(std::chrono::milliseconds(int64_t(patience_s * 1000)));
+      },
+      py::arg("patience_s") = 2.0);
   m.def("_engine", [](const c10::intrusive_ptr<c10d::Backend>& backend) {
     const auto* chorus_group = dynamic_cast<const chorus::python::ProcessGroupChorus*>(backend.get());
     if (!chorus_group) throw py::value_error("chorus_torch.engine: this group's backend is not chorus");

@@ -1,86 +1,56 @@
+// ProcessGroup: the collectives of the C++ API, each written once (Note [One body per collective],
+// prepared_call.h), and the default group. torch.distributed's list and coalesced forms live in
+// list_collectives.cc.
 #include "chorus/process_group.h"
 
 #include <mutex>
 
 #include "chorus/core/rendezvous.h"
-#include "tensor_util.h"
+#include "prepared_call.h"
 
 namespace chorus {
 
+using detail::Buffer;
 using detail::concat;
 using detail::core_count;
 using detail::core_type;
+using detail::data_of;
+using detail::input;
+using detail::run_now;
+using detail::write_back;
+using Prepared = detail::PreparedCall;
 
 std::vector<at::Tensor> TensorWork::result(std::optional<std::chrono::milliseconds> timeout) {
   wait(timeout);
   return outputs_;
 }
 
-// Note [One body per collective]: each collective is written once, as a function that prepares it
-// on the caller's thread (checks its tensors, where a bad one rejects at once on every rank;
-// allocates its outputs) and returns its body: the core calls, then the copies into targets that
-// were not contiguous. The blocking form runs the body now; the async form queues the same body
-// behind the earlier async calls (Communicator::submit). The body holds its tensors, so they live
-// until it finished. Point to point is the exception: an async send or receive must take its
-// place in its (peer, direction) order when issued, so it goes through the core's send_async and
-// recv_async instead.
-namespace {
-
-struct Prepared {
-  std::vector<at::Tensor> outputs;  // the collective's new tensors (TensorWork::result)
-  std::function<void()> body;
-};
-
-std::vector<at::Tensor> run_now(Prepared p) {
-  p.body();
-  return std::move(p.outputs);
-}
-
-// The TensorWork of `inner`, finished once `then` (if any) has run after it.
-std::shared_ptr<TensorWork> track(const std::shared_ptr<Work>& inner, std::vector<at::Tensor> outputs,
-                                  std::function<void()> then = nullptr) {
-  auto w = std::make_shared<TensorWork>(std::move(outputs));
-  w->set_runner([weak = std::weak_ptr<Work>(inner)] {  // a waiter runs a queued body itself
-    auto i = weak.lock();
-    return i && i->run_here();
-  });
-  inner->on_finish([w, then = std::move(then)](std::exception_ptr error) {
-    if (!error && then) {
-      try {
-        then();
-      } catch (...) {
-        error = std::current_exception();
-      }
-    }
-    w->finish(error);
-  });
+ProcessGroup::Handle ProcessGroup::submit(Prepared p, TensorAsyncOptions async) {
+  Handle w = async.handle ? std::move(async.handle) : std::make_shared<TensorWork>();
+  w->outputs_ = std::move(p.outputs);
+  comm_->submit(std::move(p.body), {.handle = w, .then = std::move(async.then)});
   return w;
 }
 
-std::shared_ptr<TensorWork> submit(Communicator& comm, Prepared p) {
-  return track(comm.submit(std::move(p.body)), std::move(p.outputs));
-}
+namespace detail {
 
-// target = what the core wrote into buf, when they are different tensors (non-contiguous target).
-void write_back(at::Tensor& target, const at::Tensor& buf) {
-  if (!buf.is_same(target)) target.copy_(buf);
-}
-
-void* data_of(const at::Tensor& t) { return t.defined() && t.numel() ? t.data_ptr() : nullptr; }
-
-// The contiguous tensor the core reads and writes for a caller's tensor.
-struct Buffer {
-  at::Tensor tensor;
-  DataType dtype;
-  size_t count;
-  void* data() const { return data_of(tensor); }
-};
-
-Buffer input(Communicator& comm, const at::Tensor& t, const char* op, std::optional<ReduceOp> reduce = std::nullopt) {
-  if (auto why = detail::tensor_problem(t, reduce); !why.empty()) comm.reject(op, why);
-  at::Tensor c = detail::plain(t);
+Buffer input(Communicator& comm, const at::Tensor& t, const char* op, std::optional<ReduceOp> reduce) {
+  if (auto why = tensor_problem(t, reduce); !why.empty()) comm.reject(op, why);
+  at::Tensor c = plain(t);
   return Buffer{c, core_type(c.scalar_type())->dtype, core_count(c)};
 }
+
+std::string output_problem(const at::Tensor& out, const at::Tensor& t, int64_t want, bool contiguous) {
+  if (auto why = tensor_problem(out); !why.empty()) return concat("out: ", why);
+  if (contiguous && !out.is_contiguous()) return concat("out must be contiguous, not ", describe(out));
+  if (out.scalar_type() != t.scalar_type() || out.numel() != want)
+    return concat("out is ", describe(out), " but must hold ", want, " elements of ", c10::toString(t.scalar_type()));
+  return "";
+}
+
+}  // namespace detail
+
+namespace {
 
 std::vector<int64_t> stacked_shape(int64_t n, at::IntArrayRef sizes) {
   std::vector<int64_t> s{n};
@@ -130,12 +100,7 @@ Prepared all_gather_body(Communicator& comm, const at::Tensor& t) {
 // all_gather_into / reduce_scatter_into: the caller's `out` must be contiguous, of t's dtype, and
 // size() times t's elements (all_gather) or t's elements over size() (reduce_scatter).
 std::string into_problem(const at::Tensor& out, const at::Tensor& t, int64_t want) {
-  if (auto why = detail::tensor_problem(out); !why.empty()) return concat("out: ", why);
-  if (!out.is_contiguous()) return concat("out must be contiguous, not ", detail::describe(out));
-  if (out.scalar_type() != t.scalar_type() || out.numel() != want)
-    return concat("out is ", detail::describe(out), " but must hold ", want, " elements of ",
-                  c10::toString(t.scalar_type()));
-  return "";
+  return detail::output_problem(out, t, want, /*contiguous=*/true);
 }
 
 Prepared all_gather_into_body(Communicator& comm, at::Tensor& out, const at::Tensor& t) {
@@ -277,6 +242,19 @@ Buffer message(const at::Tensor& t, const char* op, bool receiving) {
   return Buffer{c, core_type(c.scalar_type())->dtype, core_count(c)};
 }
 
+// The handle of a point-to-point call. Its `then` keeps the call's buffer alive and copies a
+// received message where it belongs, before the caller's own `then`.
+ProcessGroup::Handle p2p_handle(TensorAsyncOptions& async) {
+  return async.handle ? std::move(async.handle) : std::make_shared<TensorWork>();
+}
+std::function<void()> and_then(std::function<void()> first, std::function<void()> second) {
+  if (!second) return first;
+  return [first = std::move(first), second = std::move(second)] {
+    first();
+    second();
+  };
+}
+
 }  // namespace
 
 ProcessGroup::ProcessGroup(std::shared_ptr<Communicator> comm, std::vector<int> ranks)
@@ -312,42 +290,45 @@ void ProcessGroup::reduce_scatter_into(at::Tensor& out, const at::Tensor& t, Red
 at::Tensor ProcessGroup::all_to_all(const at::Tensor& t) { return run_now(all_to_all_body(*comm_, t))[0]; }
 void ProcessGroup::barrier(std::optional<std::chrono::milliseconds> timeout) { comm_->barrier(timeout); }
 
-std::shared_ptr<TensorWork> ProcessGroup::all_reduce_async(at::Tensor& t, ReduceOp op) {
-  return submit(*comm_, all_reduce_body(*comm_, t, op));
+ProcessGroup::Handle ProcessGroup::all_reduce_async(at::Tensor& t, ReduceOp op, TensorAsyncOptions async) {
+  return submit(all_reduce_body(*comm_, t, op), std::move(async));
 }
-std::shared_ptr<TensorWork> ProcessGroup::broadcast_async(at::Tensor& t, int src) {
-  return submit(*comm_, broadcast_body(*comm_, t, src));
+ProcessGroup::Handle ProcessGroup::broadcast_async(at::Tensor& t, int src, TensorAsyncOptions async) {
+  return submit(broadcast_body(*comm_, t, src), std::move(async));
 }
-std::shared_ptr<TensorWork> ProcessGroup::reduce_async(at::Tensor& t, int dst, ReduceOp op) {
-  return submit(*comm_, reduce_body(*comm_, t, dst, op));
+ProcessGroup::Handle ProcessGroup::reduce_async(at::Tensor& t, int dst, ReduceOp op, TensorAsyncOptions async) {
+  return submit(reduce_body(*comm_, t, dst, op), std::move(async));
 }
-std::shared_ptr<TensorWork> ProcessGroup::all_gather_async(const at::Tensor& t) {
-  return submit(*comm_, all_gather_body(*comm_, t));
+ProcessGroup::Handle ProcessGroup::all_gather_async(const at::Tensor& t, TensorAsyncOptions async) {
+  return submit(all_gather_body(*comm_, t), std::move(async));
 }
-std::shared_ptr<TensorWork> ProcessGroup::all_gather_v_async(const at::Tensor& t) {
-  return submit(*comm_, all_gather_v_body(*comm_, t));
+ProcessGroup::Handle ProcessGroup::all_gather_v_async(const at::Tensor& t, TensorAsyncOptions async) {
+  return submit(all_gather_v_body(*comm_, t), std::move(async));
 }
-std::shared_ptr<TensorWork> ProcessGroup::gather_async(const at::Tensor& t, int dst) {
-  return submit(*comm_, gather_body(*comm_, t, dst));
+ProcessGroup::Handle ProcessGroup::gather_async(const at::Tensor& t, int dst, TensorAsyncOptions async) {
+  return submit(gather_body(*comm_, t, dst), std::move(async));
 }
-std::shared_ptr<TensorWork> ProcessGroup::scatter_async(const std::optional<at::Tensor>& stacked, int src) {
-  return submit(*comm_, scatter_body(*comm_, stacked, src));
+ProcessGroup::Handle ProcessGroup::scatter_async(const std::optional<at::Tensor>& stacked, int src,
+                                                 TensorAsyncOptions async) {
+  return submit(scatter_body(*comm_, stacked, src), std::move(async));
 }
-std::shared_ptr<TensorWork> ProcessGroup::reduce_scatter_async(const at::Tensor& t, ReduceOp op) {
-  return submit(*comm_, reduce_scatter_body(*comm_, t, op));
+ProcessGroup::Handle ProcessGroup::reduce_scatter_async(const at::Tensor& t, ReduceOp op, TensorAsyncOptions async) {
+  return submit(reduce_scatter_body(*comm_, t, op), std::move(async));
 }
-std::shared_ptr<TensorWork> ProcessGroup::all_gather_into_async(at::Tensor& out, const at::Tensor& t) {
-  return submit(*comm_, all_gather_into_body(*comm_, out, t));
+ProcessGroup::Handle ProcessGroup::all_gather_into_async(at::Tensor& out, const at::Tensor& t,
+                                                         TensorAsyncOptions async) {
+  return submit(all_gather_into_body(*comm_, out, t), std::move(async));
 }
-std::shared_ptr<TensorWork> ProcessGroup::reduce_scatter_into_async(at::Tensor& out, const at::Tensor& t, ReduceOp op) {
-  return submit(*comm_, reduce_scatter_into_body(*comm_, out, t, op));
+ProcessGroup::Handle ProcessGroup::reduce_scatter_into_async(at::Tensor& out, const at::Tensor& t, ReduceOp op,
+                                                             TensorAsyncOptions async) {
+  return submit(reduce_scatter_into_body(*comm_, out, t, op), std::move(async));
 }
-std::shared_ptr<TensorWork> ProcessGroup::all_to_all_async(const at::Tensor& t) {
-  return submit(*comm_, all_to_all_body(*comm_, t));
+ProcessGroup::Handle ProcessGroup::all_to_all_async(const at::Tensor& t, TensorAsyncOptions async) {
+  return submit(all_to_all_body(*comm_, t), std::move(async));
 }
-std::shared_ptr<TensorWork> ProcessGroup::barrier_async() {
+ProcessGroup::Handle ProcessGroup::barrier_async(TensorAsyncOptions async) {
   Communicator& comm = *comm_;
-  return submit(comm, {{}, [&comm] { comm.barrier(); }});
+  return submit({{}, [&comm] { comm.barrier(); }}, std::move(async));
 }
 
 void ProcessGroup::send(const at::Tensor& t, int dst, int tag) {
@@ -359,14 +340,37 @@ void ProcessGroup::recv(at::Tensor& t, int src, int tag) {
   comm_->recv(m.data(), m.count, m.dtype, src, tag);
   write_back(t, m.tensor);
 }
-std::shared_ptr<TensorWork> ProcessGroup::send_async(const at::Tensor& t, int dst, int tag) {
-  Buffer m = message(t, "send", false);
-  return track(comm_->send_async(m.data(), m.count, m.dtype, dst, tag), {}, [m] {});
-}
-std::shared_ptr<TensorWork> ProcessGroup::recv_async(at::Tensor& t, int src, int tag) {
+int ProcessGroup::recv_any(at::Tensor& t, int tag) {
   Buffer m = message(t, "recv", true);
-  return track(comm_->recv_async(m.data(), m.count, m.dtype, src, tag), {},
-               [t, m]() mutable { write_back(t, m.tensor); });
+  const int from = comm_->recv_any(m.data(), m.count, m.dtype, tag);
+  write_back(t, m.tensor);
+  return from;
+}
+
+ProcessGroup::Handle ProcessGroup::send_async(const at::Tensor& t, int dst, int tag, TensorAsyncOptions async) {
+  Buffer m = message(t, "send", false);
+  Handle w = p2p_handle(async);
+  comm_->send_async(m.data(), m.count, m.dtype, dst, tag, {}, {.handle = w, .then = and_then([m] {}, async.then)});
+  return w;
+}
+ProcessGroup::Handle ProcessGroup::recv_async(at::Tensor& t, int src, int tag, TensorAsyncOptions async) {
+  Buffer m = message(t, "recv", true);
+  Handle w = p2p_handle(async);
+  comm_->recv_async(m.data(), m.count, m.dtype, src, tag, {},
+                    {.handle = w, .then = and_then([t, m] { write_back(t, m.tensor); }, async.then)});
+  return w;
+}
+ProcessGroup::Handle ProcessGroup::recv_any_async(at::Tensor& t, int tag, TensorAsyncOptions async) {
+  Buffer m = message(t, "recv", true);
+  Handle w = p2p_handle(async);
+  TensorWork* raw = w.get();
+  auto publish = [t, m, raw] {
+    write_back(t, m.tensor);
+    raw->source_.store(raw->received_from_, std::memory_order_release);
+  };
+  comm_->recv_any_async(m.data(), m.count, m.dtype, &raw->received_from_, tag, {},
+                        {.handle = w, .then = and_then(std::move(publish), async.then)});
+  return w;
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::split(const std::vector<int>& ranks) {

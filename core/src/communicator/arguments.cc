@@ -120,6 +120,21 @@ void validate_arguments(Call& c, int rank, int size, const std::string& group) {
       if (!to_all) v.rank(c.root, "root");
       if (uneven) v.counts(c.counts, "counts");
       if (!v.ok()) break;
+      if (!c.outs.empty()) {  // all_gather_to: one buffer per rank
+        if (c.outs.size() != size_t(size))
+          return v.fail(detail::concat("outs has ", c.outs.size(), " buffers but the group has ", size, " ranks"));
+        v.buffer(c.in, n, "input");
+        const size_t es = element_size(c.dtype);
+        for (int p = 0; p < size; ++p) {
+          v.buffer(c.outs[size_t(p)], n, "an output");
+          if (p != rank) v.aliasing(c.outs[size_t(p)], n, c.in, n, std::nullopt);
+          for (int q = 0; q < p && v.ok(); ++q)
+            if (overlaps(c.outs[size_t(p)], n * es, c.outs[size_t(q)], n * es))
+              v.fail(detail::concat("the outputs of ranks ", q, " and ", p, " overlap"));
+        }
+        if (c.outs[size_t(rank)] != c.in) v.aliasing(c.outs[size_t(rank)], n, c.in, n, std::nullopt);
+        return;
+      }
       uint64_t mine = n, total = n * W, before = n * uint64_t(rank);
       if (uneven) {
         mine = c.counts[size_t(rank)];
@@ -136,11 +151,16 @@ void validate_arguments(Call& c, int rank, int size, const std::string& group) {
       if (!v.ok()) break;
       return v.buffers(sum(c.counts), sum(c.recv_counts), true, std::nullopt, std::nullopt);
     case OpKind::Send:
-    case OpKind::Recv: {
+    case OpKind::Recv:
+    case OpKind::RecvAny: {
       const bool sending = c.kind == OpKind::Send;
       v.dtype();
-      v.rank(c.root, sending ? "destination" : "source");
-      if (c.root == rank) v.fail(sending ? "a rank cannot send to itself" : "a rank cannot receive from itself");
+      if (c.kind == OpKind::RecvAny) {
+        if (size < 2) v.fail("a group of one rank has no other rank to receive from");
+      } else {
+        v.rank(c.root, sending ? "destination" : "source");
+        if (c.root == rank) v.fail(sending ? "a rank cannot send to itself" : "a rank cannot receive from itself");
+      }
       if (c.tag < 0) v.fail("tags must be >= 0");
       return v.buffer(sending ? c.in : c.out, n, "buffer");
     }

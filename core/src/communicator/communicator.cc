@@ -32,8 +32,6 @@ std::string host_identity() {
 
 std::vector<uint64_t> counts_of(const std::vector<size_t>& v) { return {v.begin(), v.end()}; }
 
-bool point_to_point(const Call& c) { return c.kind == OpKind::Send || c.kind == OpKind::Recv; }
-
 }  // namespace
 
 std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store, int rank, int size,
@@ -114,16 +112,18 @@ int Communicator::host_count() const {
 
 void Communicator::run(Call& call, Timeout timeout) {
   validate_arguments(call, rank_, size_, options_.name);
-  if (point_to_point(call)) return order_->in_turn(call, order_->take_ticket(call), [&] { execute(call, timeout); });
+  if (point_to_point(call.kind)) return order_->in_turn(order_->take_tickets(call), [&] { execute(call, timeout); });
   order_->drain();
   std::lock_guard<std::mutex> lock(call_mu_);
   if (hierarchy_ && hierarchy_->serves(call)) return hierarchy_->all_reduce(call, timeout);
   execute(call, timeout);
 }
 
-std::shared_ptr<Work> Communicator::run_async(Call call, Timeout timeout) {
+std::shared_ptr<Work> Communicator::run_async(Call call, Timeout timeout, AsyncOptions async, int* source) {
   validate_arguments(call, rank_, size_, options_.name);
-  return order_->in_turn_async(call, [this, call, timeout]() mutable { execute(call, timeout); });
+  call.source = source;
+  return order_->in_turn_async(
+      call, [this, call, timeout]() mutable { execute(call, timeout); }, std::move(async));
 }
 
 template <class Body>
@@ -174,6 +174,12 @@ void Communicator::reduce(const void* in, void* out, size_t count, DataType dtyp
 
 void Communicator::all_gather(const void* in, void* out, size_t count, DataType dtype, Timeout timeout) {
   Call c{.kind = OpKind::AllGather, .dtype = dtype, .count = count, .in = in, .out = out};
+  run(c, timeout);
+}
+
+void Communicator::all_gather_to(const void* in, const std::vector<void*>& outs, size_t count, DataType dtype,
+                                 Timeout timeout) {
+  Call c{.kind = OpKind::AllGather, .dtype = dtype, .count = count, .in = in, .outs = outs};
   run(c, timeout);
 }
 
@@ -231,15 +237,30 @@ void Communicator::recv(void* buf, size_t count, DataType dtype, int src, int ta
   run(c, timeout);
 }
 
+int Communicator::recv_any(void* buf, size_t count, DataType dtype, int tag, Timeout timeout) {
+  int source = -1;
+  Call c{
+      .kind = OpKind::RecvAny, .dtype = dtype, .root = -1, .tag = tag, .count = count, .out = buf, .source = &source};
+  run(c, timeout);
+  return source;
+}
+
 std::shared_ptr<Work> Communicator::send_async(const void* buf, size_t count, DataType dtype, int dst, int tag,
-                                               Timeout timeout) {
-  return run_async({.kind = OpKind::Send, .dtype = dtype, .root = dst, .tag = tag, .count = count, .in = buf}, timeout);
+                                               Timeout timeout, AsyncOptions async) {
+  return run_async({.kind = OpKind::Send, .dtype = dtype, .root = dst, .tag = tag, .count = count, .in = buf}, timeout,
+                   std::move(async));
 }
 
 std::shared_ptr<Work> Communicator::recv_async(void* buf, size_t count, DataType dtype, int src, int tag,
-                                               Timeout timeout) {
-  return run_async({.kind = OpKind::Recv, .dtype = dtype, .root = src, .tag = tag, .count = count, .out = buf},
-                   timeout);
+                                               Timeout timeout, AsyncOptions async) {
+  return run_async({.kind = OpKind::Recv, .dtype = dtype, .root = src, .tag = tag, .count = count, .out = buf}, timeout,
+                   std::move(async));
+}
+
+std::shared_ptr<Work> Communicator::recv_any_async(void* buf, size_t count, DataType dtype, int* source, int tag,
+                                                   Timeout timeout, AsyncOptions async) {
+  return run_async({.kind = OpKind::RecvAny, .dtype = dtype, .root = -1, .tag = tag, .count = count, .out = buf},
+                   timeout, std::move(async), source);
 }
 
 void Communicator::barrier(Timeout timeout) {
@@ -247,8 +268,8 @@ void Communicator::barrier(Timeout timeout) {
   run(c, timeout);
 }
 
-std::shared_ptr<Work> Communicator::submit(std::function<void()> collectives) {
-  return order_->submit(std::move(collectives));
+std::shared_ptr<Work> Communicator::submit(std::function<void()> collectives, AsyncOptions async) {
+  return order_->submit(std::move(collectives), std::move(async));
 }
 
 SymmetricMemory Communicator::alloc_symmetric(size_t bytes, Timeout timeout) {

@@ -24,8 +24,17 @@ CallOrder::~CallOrder() {
   for (auto& [t, work] : transfers_) t.join();
 }
 
-std::shared_ptr<Work> CallOrder::submit(std::function<void()> body) {
-  auto work = std::make_shared<Work>();
+// Note [One Work per call]: the Work an asynchronous call returns is the item the executor
+// queues, runs and finishes, not a wrapper around it: a layer above hands in its own subclass
+// (AsyncOptions::handle), so a collective from Python costs one handle, finished once, and what
+// must happen before it counts as done (a copy into the caller's tensor) runs as its `then`.
+std::shared_ptr<Work> CallOrder::submit(std::function<void()> body, AsyncOptions async) {
+  std::shared_ptr<Work> work = async.handle ? std::move(async.handle) : std::make_shared<Work>();
+  if (async.then)
+    body = [body = std::move(body), then = std::move(async.then)] {
+      body();
+      then();
+    };
   work->set_runner([anchor = anchor_, raw = work.get()] {  // before anyone can run or wait for it
     std::lock_guard<std::recursive_mutex> lock(anchor->mu);
     return anchor->order && anchor->order->run_here(raw);
@@ -87,50 +96,66 @@ void CallOrder::wait_idle() {
   queue_cv_.wait(lock, [&] { return busy_ == 0; });
 }
 
-size_t CallOrder::channel(const Call& c) const {
-  return size_t(c.kind == OpKind::Send) * size_t(size_) + size_t(std::clamp(c.root, 0, size_ - 1));
+size_t CallOrder::channel(OpKind kind, int peer) const {
+  return size_t(kind == OpKind::Send) * size_t(size_) + size_t(std::clamp(peer, 0, size_ - 1));
 }
 
-uint64_t CallOrder::take_ticket(const Call& c) {
+CallOrder::Tickets CallOrder::take_tickets(const Call& c) {
   std::lock_guard<std::mutex> lock(p2p_mu_);
   if (issued_.empty()) {
     issued_.assign(2 * size_t(size_), 0);
     done_.assign(2 * size_t(size_), 0);
   }
-  return issued_[channel(c)]++;
+  Tickets tickets;
+  auto take = [&](int peer) {
+    const size_t ch = channel(c.kind, peer);
+    tickets.emplace_back(ch, issued_[ch]++);
+  };
+  if (c.kind != OpKind::RecvAny) {
+    take(c.root);
+  } else {
+    for (int p = 0; p < size_; ++p) take(p);  // its own (unused) order too: harmless, and keeps this simple
+  }
+  return tickets;
 }
 
-void CallOrder::wait_turn(size_t channel, uint64_t ticket) {
+void CallOrder::wait_turns(const Tickets& tickets) {
   std::unique_lock<std::mutex> lock(p2p_mu_);
-  p2p_cv_.wait(lock, [&] { return done_[channel] == ticket; });
+  p2p_cv_.wait(lock, [&] {
+    return std::all_of(tickets.begin(), tickets.end(), [&](const auto& t) { return done_[t.first] == t.second; });
+  });
 }
 
-void CallOrder::pass_turn(size_t channel) {
+void CallOrder::pass_turns(const Tickets& tickets) {
   {
     std::lock_guard<std::mutex> lock(p2p_mu_);
-    ++done_[channel];
+    for (const auto& t : tickets) ++done_[t.first];
   }
   p2p_cv_.notify_all();
 }
 
-std::shared_ptr<Work> CallOrder::in_turn_async(const Call& c, std::function<void()> move) {
-  auto work = std::make_shared<Work>();
-  const uint64_t ticket = take_ticket(c);
+std::shared_ptr<Work> CallOrder::in_turn_async(const Call& c, std::function<void()> move, AsyncOptions async) {
+  std::shared_ptr<Work> work = async.handle ? std::move(async.handle) : std::make_shared<Work>();
+  Tickets tickets = take_tickets(c);
   std::lock_guard<std::mutex> lock(p2p_mu_);
   std::erase_if(transfers_, [](auto& entry) {  // reap the threads of finished transfers
     if (!entry.second->is_completed()) return false;
     entry.first.join();
     return true;
   });
-  std::thread t([this, c, ticket, work, move = std::move(move)] {
-    std::exception_ptr error;
-    try {
-      in_turn(c, ticket, move);
-    } catch (...) {
-      error = std::current_exception();
-    }
-    work->finish(error);
-  });
+  std::thread t(
+      [this, tickets = std::move(tickets), work, move = std::move(move), then = std::move(async.then)]() mutable {
+        std::exception_ptr error;
+        try {
+          in_turn(tickets, move);
+          if (then) then();
+        } catch (...) {
+          error = std::current_exception();
+        }
+        move = nullptr;  // release what they hold before anyone learns it finished
+        then = nullptr;
+        work->finish(error);
+      });
   transfers_.emplace_back(std::move(t), work);
   return work;
 }

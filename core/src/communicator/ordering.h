@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "call.h"
+#include "chorus/core/communicator.h"
 #include "chorus/core/work.h"
 
 namespace chorus {
@@ -35,8 +36,9 @@ class CallOrder {
 
   // ---- collectives ----
   // Queues `body` to run on the executor thread after everything submitted before it (or on a
-  // thread that waits for it, Note [Running on the waiter]).
-  std::shared_ptr<Work> submit(std::function<void()> body);
+  // thread that waits for it, Note [Running on the waiter]). Returns async.handle (or a new
+  // Work), which is the queued item itself and finishes when the body and async.then returned.
+  std::shared_ptr<Work> submit(std::function<void()> body, AsyncOptions async = {});
   // Blocks until nothing submitted is queued or running. Returns at once on the executor thread
   // (a submitted body's own collectives must not wait for themselves).
   void drain() {
@@ -44,27 +46,29 @@ class CallOrder {
   }
 
   // ---- point to point ----
-  // The place of point-to-point call `c` in its (peer, direction) order; taken when issued.
-  uint64_t take_ticket(const Call& c);
-  // Waits for the ticket's turn, runs `move`, then passes the turn on, whatever happened.
+  // The places of point-to-point call `c` in its (peer, direction) orders, taken when issued: one
+  // (channel, ticket), or for a receive from any rank one on every incoming order.
+  using Tickets = std::vector<std::pair<size_t, uint64_t>>;
+  Tickets take_tickets(const Call& c);
+  // Waits for the tickets' turns, runs `move`, then passes the turns on, whatever happened.
   template <class Move>
-  void in_turn(const Call& c, uint64_t ticket, Move&& move) {
-    const size_t ch = channel(c);
-    wait_turn(ch, ticket);
+  void in_turn(const Tickets& tickets, Move&& move) {
+    wait_turns(tickets);
     struct Turn {
       CallOrder* self;
-      size_t channel;
-      ~Turn() { self->pass_turn(channel); }
-    } turn{this, ch};
+      const Tickets& tickets;
+      ~Turn() { self->pass_turns(tickets); }
+    } turn{this, tickets};
     move();
   }
-  // in_turn on a thread of its own: returns at once with the transfer's Work.
-  std::shared_ptr<Work> in_turn_async(const Call& c, std::function<void()> move);
+  // in_turn on a thread of its own: returns at once with the transfer's Work (async.handle, or a
+  // new one), which finishes after `move` and async.then.
+  std::shared_ptr<Work> in_turn_async(const Call& c, std::function<void()> move, AsyncOptions async = {});
 
  private:
-  size_t channel(const Call& c) const;
-  void wait_turn(size_t channel, uint64_t ticket);
-  void pass_turn(size_t channel);
+  size_t channel(OpKind kind, int peer) const;
+  void wait_turns(const Tickets& tickets);
+  void pass_turns(const Tickets& tickets);
   void wait_idle();
   void executor_loop();
   // Runs `work`'s body on this thread if it is first in the queue and nothing runs; true if it did.

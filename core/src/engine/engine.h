@@ -63,6 +63,8 @@ class Engine {
   // flowing the same way.
   virtual void send(const void* buf, size_t bytes, int dst, bool ack, Millis left) = 0;
   virtual void recv(void* buf, size_t bytes, int src, bool ack, Millis left) = 0;
+  // recv on the data channel from whichever rank's message comes first; returns that rank.
+  virtual int recv_any(void* buf, size_t bytes, Millis left) = 0;
   // From another thread: make calls in progress fail soon (with EngineFailure), because the
   // group is being aborted. Best effort: where the engine cannot, they fail at their timeout.
   virtual void interrupt() = 0;

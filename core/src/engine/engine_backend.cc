@@ -46,7 +46,7 @@ class EngineBackend : public Backend {
   void run(const Call& c) override {
     watch_.check_peers(describe(c));
     try {
-      if (c.kind == OpKind::Send || c.kind == OpKind::Recv) return point_to_point(c);
+      if (chorus::point_to_point(c.kind)) return point_to_point(c);
       watch_.begin_collective();
       struct InCall {  // the watchdog knows which collective this rank is in, until it returns
         engine::PeerWatch& watch;
@@ -185,6 +185,12 @@ class EngineBackend : public Backend {
         return;
       case OpKind::AllGather:
         if (!bytes) return;
+        if (!c.outs.empty()) {  // all_gather_to: the engines gather into one buffer, then the blocks go out
+          std::vector<uint8_t> all(W * bytes);
+          engine_->all_gather(in, all.data(), bytes, left);
+          for (size_t p = 0; p < W; ++p) std::memcpy(c.outs[p], all.data() + p * bytes, bytes);
+          return;
+        }
         if (in == out + size_t(rank_) * bytes) in = private_input(bytes);
         return engine_->all_gather(in, out, bytes, left);
       case OpKind::AllGatherV:
@@ -219,7 +225,8 @@ class EngineBackend : public Backend {
         return engine_->all_to_all_v(in, sends, out, recvs, left);
       }
       case OpKind::Send:
-      case OpKind::Recv: break;
+      case OpKind::Recv:
+      case OpKind::RecvAny: break;
     }
   }
 
@@ -248,16 +255,26 @@ class EngineBackend : public Backend {
       return;
     }
     P2PHeader theirs{};
-    engine_->recv(&theirs, sizeof theirs, c.root, false, left_until(c.deadline));
+    int src = c.root;
+    if (c.kind == OpKind::RecvAny) {  // the first header to arrive names the sender; the rest is from it
+      struct WaitingAny {
+        engine::PeerWatch& watch;
+        ~WaitingAny() { watch.end_wait_any(); }
+      } waiting{watch_};
+      watch_.begin_wait_any();
+      src = engine_->recv_any(&theirs, sizeof theirs, left_until(c.deadline));
+    } else
+      engine_->recv(&theirs, sizeof theirs, src, false, left_until(c.deadline));
     verdict = theirs.count == mine.count && theirs.tag == mine.tag && theirs.dtype == mine.dtype;
-    engine_->send(&verdict, 1, c.root, true, left_until(c.deadline));
+    engine_->send(&verdict, 1, src, true, left_until(c.deadline));
     if (!verdict)
       throw CollectiveMismatch(
-          detail::concat("recv(", to_string(c.dtype), " x ", c.count, ", tag ", c.tag, ") from rank ", c.root,
+          detail::concat("recv(", to_string(c.dtype), " x ", c.count, ", tag ", c.tag, ") from rank ", src,
                          " on group '", group_, "': the message is ", to_string(DataType(theirs.dtype)), " x ",
                          theirs.count, ", tag ", theirs.tag),
           {});
-    if (bytes) engine_->recv(c.out, bytes, c.root, false, left_until(c.deadline));
+    if (bytes) engine_->recv(c.out, bytes, src, false, left_until(c.deadline));
+    if (c.source) *c.source = src;
   }
 
   std::unique_ptr<Engine> engine_;

@@ -352,6 +352,19 @@ class GlooEngine : public Engine {
     });
   }
 
+  int recv_any(void* buf, size_t bytes, Millis left) override {
+    int from = -1;
+    guard("recv", [&] {
+      std::vector<int> peers;
+      for (int p = 0; p < size_; ++p)
+        if (p != rank_) peers.push_back(p);
+      auto b = context_->createUnboundBuffer(buf, bytes);
+      b->recv(std::move(peers), ::gloo::Slot::build(kDataSlot, 0));  // Gloo takes the first sender
+      b->waitRecv(&from, left);
+    });
+    return from;
+  }
+
   void interrupt() override {
     std::lock_guard<std::mutex> lock(interrupt_mu_);
     if (interrupted_) return;

@@ -299,6 +299,19 @@ class MpiEngine : public Engine {
     }
   }
 
+  int recv_any(void* buf, size_t bytes, Millis left) override {
+    const auto deadline = Clock::now() + left;
+    auto* p = static_cast<uint8_t*>(buf);
+    MPI_Status status{};
+    const int n = int(std::min(kMaxCount, bytes));
+    finish(
+        "recv", deadline, [&](MPI_Request* q) { return MPI_Irecv(p, n, MPI_BYTE, MPI_ANY_SOURCE, kDataTag, comm_, q); },
+        Kind::Recv, &status);
+    const int from = status.MPI_SOURCE;
+    if (bytes > size_t(n)) recv(p + n, bytes - size_t(n), from, false, left_until(deadline));  // the rest, in order
+    return from;
+  }
+
   void interrupt() override { interrupted_.store(true, std::memory_order_release); }
   bool can_interrupt() const override { return true; }
 
@@ -321,8 +334,11 @@ class MpiEngine : public Engine {
   // waiting ranks leave the cores to the ones still working when ranks outnumber cores.
   enum class Kind { Collective, Send, Recv };
 
+  // `status`, when given, receives the completed request's status (the source of an
+  // MPI_ANY_SOURCE receive).
   template <class Start>
-  void finish(const char* what, Clock::time_point deadline, Start&& start, Kind kind = Kind::Collective) {
+  void finish(const char* what, Clock::time_point deadline, Start&& start, Kind kind = Kind::Collective,
+              MPI_Status* status = MPI_STATUS_IGNORE) {
     if (interrupted_.load(std::memory_order_acquire))
       throw EngineFailure(detail::concat("mpi ", what, ": the group is being aborted"));
     MPI_Request request = MPI_REQUEST_NULL;
@@ -330,7 +346,7 @@ class MpiEngine : public Engine {
       throw EngineFailure(detail::concat("mpi ", what, ": ", mpi_error(rc)));
     for (uint64_t polls = 0;; ++polls) {
       int done = 0;
-      if (int rc = MPI_Test(&request, &done, MPI_STATUS_IGNORE); rc != MPI_SUCCESS)
+      if (int rc = MPI_Test(&request, &done, status); rc != MPI_SUCCESS)
         throw EngineFailure(detail::concat("mpi ", what, ": ", mpi_error(rc)));
       if (done) return;
       const bool aborted = interrupted_.load(std::memory_order_acquire);

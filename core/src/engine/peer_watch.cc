@@ -73,6 +73,9 @@ void PeerWatch::watch() {
         store_.set(WatchKeys::at(rank_), std::to_string(call));
         announced_ = call;
       }
+      if (waiting_any_.load(std::memory_order_acquire) ? a_peer_stopped_beating() && engine_.can_interrupt()
+                                                       : (still_.clear(), false))
+        engine_.interrupt();  // the call fails, and diagnose() names the rank
       if (!peer_abort_ && store_.check({WatchKeys::kAbort})) {
         auto record = decode(store_.get(WatchKeys::kAbort));
         if (record && record->from != rank_) {
@@ -89,6 +92,22 @@ void PeerWatch::watch() {
     }
     lock.lock();
   }
+}
+
+bool PeerWatch::a_peer_stopped_beating() {
+  if (still_.empty()) {
+    last_beat_.assign(size_t(size_), -1);
+    still_.assign(size_t(size_), 0);
+  }
+  bool stopped = false;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    const int64_t beat = store_.add(WatchKeys::beat(r), 0);
+    still_[size_t(r)] = beat == last_beat_[size_t(r)] ? still_[size_t(r)] + 1 : 0;
+    last_beat_[size_t(r)] = beat;
+    stopped = stopped || still_[size_t(r)] >= kBeatsToDeath;
+  }
+  return stopped;
 }
 
 void PeerWatch::abort(const AbortCause& cause) {
@@ -141,7 +160,7 @@ void PeerWatch::diagnose(const Call& c, const std::string& engine_text) {
   check_peers(what);
   if (Clock::now() >= c.deadline) timed_out(c, what);
   // The ranks the watchdog interrupts for (for point to point, any that left).
-  const bool p2p = c.kind == OpKind::Send || c.kind == OpKind::Recv;
+  const bool p2p = point_to_point(c.kind);
   std::vector<int> left;
   try {
     left = left_before(p2p ? UINT64_MAX : calls_);
@@ -182,7 +201,10 @@ std::vector<int> PeerWatch::stopped_beating() {
 // been in for a beat; the ranks that said neither are missing.
 void PeerWatch::timed_out(const Call& c, const std::string& what) {
   std::vector<int> missing;
-  if (c.kind == OpKind::Send || c.kind == OpKind::Recv) {
+  if (c.kind == OpKind::RecvAny) {  // no message came from any of them
+    for (int r = 0; r < size_; ++r)
+      if (r != rank_) missing.push_back(r);
+  } else if (point_to_point(c.kind)) {
     missing.push_back(c.root);
   } else {
     try {

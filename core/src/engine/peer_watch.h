@@ -58,6 +58,10 @@ class PeerWatch {
   // until end_collective().
   uint64_t begin_collective();
   void end_collective() { in_call_.store(0, std::memory_order_release); }
+  // While this rank receives from any rank (which no single connection's error ends), the
+  // watchdog also reads the peers' heartbeats, and interrupts the engine when one stops.
+  void begin_wait_any() { waiting_any_.store(true, std::memory_order_release); }
+  void end_wait_any() { waiting_any_.store(false, std::memory_order_release); }
   uint64_t collectives() const { return calls_; }
 
   // Throws the error of a peer's abort record, when the watchdog has seen one.
@@ -78,6 +82,7 @@ class PeerWatch {
   static std::optional<AbortRecord> decode(const std::string& s);
 
   void watch();
+  bool a_peer_stopped_beating();  // watch()'s check while waiting_any_
   std::vector<int> left_before(uint64_t call);
   std::optional<AbortRecord> peer_abort();
   [[noreturn]] void raise(const AbortRecord& r, const std::string& what) const;
@@ -90,7 +95,10 @@ class PeerWatch {
   const std::string group_;
   uint64_t calls_ = 0;                // collectives begun
   std::atomic<uint64_t> in_call_{0};  // the collective in progress (its number), or 0
-  uint64_t announced_ = 0;            // the last collective watch() said this rank was in
+  std::atomic<bool> waiting_any_{false};
+  std::vector<int64_t> last_beat_;  // watch(), while waiting_any_: each peer's last heartbeat
+  std::vector<int> still_;          // and for how many beats it has not moved
+  uint64_t announced_ = 0;          // the last collective watch() said this rank was in
 
   std::mutex mu_;
   std::condition_variable cv_;

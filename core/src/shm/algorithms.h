@@ -21,6 +21,7 @@ void reduce_scatter(ShmGroup& g, const Call& c);
 void all_to_all(ShmGroup& g, const Call& c);  // AllToAll and AllToAllV
 void send(ShmGroup& g, const Call& c);
 void recv(ShmGroup& g, const Call& c);
+void recv_any(ShmGroup& g, const Call& c);  // RecvAny: sets *c.source
 
 // Elements of round k when `total` elements go `per_round` at a time.
 inline size_t in_round(size_t total, size_t per_round, size_t k) {

@@ -1,7 +1,8 @@
 // All-gather and gather, even or uneven (the V forms): every rank streams its contribution
 // through its slot one chunk per phase, and every receiving rank copies each peer's chunk to
 // that peer's place in the output. Contributions that fit in kInlineBytes ride in the call
-// line. A rank's own contribution is copied locally (nothing to do when gathered in place).
+// line. A rank's own contribution is copied locally (nothing to do when gathered in place). The
+// blocks land in one output, or each in a buffer of its own (all_gather_to), at the same cost.
 #include <numeric>
 
 #include "shm/algorithms.h"
@@ -22,9 +23,12 @@ void gather(ShmGroup& g, const Call& c) {
     most = std::max(most, count_of(p));
   }
   const auto* in = static_cast<const uint8_t*>(c.in);
-  auto* out = static_cast<uint8_t*>(c.out);
+  // Where rank p's block goes: its place in out, or its own buffer (all_gather_to).
+  auto block = [&](int p) {
+    return c.outs.empty() ? static_cast<uint8_t*>(c.out) + displ[size_t(p)] * es : static_cast<uint8_t*>(c.outs[p]);
+  };
   const size_t mine = count_of(me);
-  uint8_t* own = out + displ[size_t(me)] * es;
+  uint8_t* own = gets ? block(me) : nullptr;
   const bool in_place = own == in;
   const bool tiny = most * es <= kInlineBytes;
   const bool stream = most * es >= kStreamMinBytes;  // Note [Streaming stores]
@@ -45,7 +49,7 @@ void gather(ShmGroup& g, const Call& c) {
     for (int p = 0; p < world; ++p) {
       if (p == me) continue;
       const uint8_t* src = tiny ? g.inline_of(p) : g.read_slot(p);
-      copy_out(out + (displ[size_t(p)] + k * chunk) * es, src, in_round(count_of(p), chunk, k) * es, stream);
+      copy_out(block(p) + k * chunk * es, src, in_round(count_of(p), chunk, k) * es, stream);
     }
   }
 }

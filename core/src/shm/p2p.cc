@@ -3,6 +3,11 @@
 // and bumps its consumed counter. Messages between a pair are matched in order: the first
 // chunk carries the tag, dtype and count, and a receive that does not match them raises
 // CollectiveMismatch on both ends instead of delivering the wrong bytes.
+//
+// A receive from any rank (recv_any) waits on the receiver's doorbell, the counter of the unused
+// ring from the rank to itself: every sender rings it when a message's first chunk is in, so
+// the receiver sleeps on one word whichever peer it hears from. It then takes the lowest rank
+// with a message waiting and receives from it as recv does.
 #include "chorus/core/error.h"
 #include "shm/algorithms.h"
 
@@ -26,6 +31,9 @@ Ring ring(ShmGroup& g, int src, int dst) {
   return {reinterpret_cast<ChannelEnd*>(base), reinterpret_cast<ChannelEnd*>(base + sizeof(ChannelEnd)),
           base + 2 * sizeof(ChannelEnd), g.segment().layout().p2p_chunk};
 }
+
+// The doorbell of rank r: rung once per message that reaches r (Ring::sender of the pair r -> r).
+ChannelEnd& doorbell(ShmGroup& g, int r) { return *reinterpret_cast<ChannelEnd*>(g.segment().channel(r, r)); }
 
 std::string message(const char* what, int peer, int tag, DataType dtype, uint64_t count) {
   return detail::concat(what, "(", to_string(dtype), " x ", count, ", tag ", tag, ") ", what[0] == 's' ? "to" : "from",
@@ -59,7 +67,37 @@ void send(ShmGroup& g, const Call& c) {
     h->first = k == 0;
     copy_bytes(r.data(i), buf + k * r.chunk, in_round(bytes, r.chunk, k));
     post(r.sender->counter, r.sender->waiters, i + 1);
+    if (k == 0) {  // ring the receiver's doorbell (senders may ring it at the same time: add, not store)
+      ChannelEnd& bell = doorbell(g, dst);
+      bell.counter.fetch_add(1, std::memory_order_seq_cst);
+      if (bell.waiters.load(std::memory_order_seq_cst) != 0) futex_wake_all(&bell.counter);
+    }
   }
+}
+
+void recv_any(ShmGroup& g, const Call& c) {
+  ChannelEnd& bell = doorbell(g, g.rank());
+  int from = -1;
+  auto arrived = [&] {
+    for (int p = 0; p < g.world(); ++p) {
+      if (p == g.rank()) continue;
+      Ring r = ring(g, p, g.rank());
+      if (r.sender->counter.load(std::memory_order_acquire) != r.receiver->counter.load(std::memory_order_relaxed)) {
+        from = p;
+        return true;
+      }
+    }
+    return false;
+  };
+  std::vector<int> peers;
+  for (int p = 0; p < g.world(); ++p)
+    if (p != g.rank()) peers.push_back(p);
+  g.wait_for_peers(arrived, bell.counter, bell.waiters, peers, c, [&] { return describe(c); });
+  Call from_peer = c;
+  from_peer.kind = OpKind::Recv;
+  from_peer.root = from;
+  recv(g, from_peer);
+  *c.source = from;
 }
 
 void recv(ShmGroup& g, const Call& c) {

@@ -13,8 +13,9 @@ class ShmBackend : public Backend {
   std::string name() const override { return "shm"; }
 
   void run(const Call& c) override {
-    if (c.kind == OpKind::Send || c.kind == OpKind::Recv) {
+    if (point_to_point(c.kind)) {
       if (!c.invalid.empty()) throw InvalidArgument(c.invalid);
+      if (c.kind == OpKind::RecvAny) return recv_any(g_, c);
       return c.kind == OpKind::Send ? send(g_, c) : recv(g_, c);
     }
     g_.start(c);
@@ -35,6 +36,7 @@ class ShmBackend : public Backend {
       case OpKind::AllToAllV: return all_to_all(g_, c);
       case OpKind::Send:
       case OpKind::Recv:
+      case OpKind::RecvAny:
       case OpKind::AllocSymmetric: break;  // not through run()
     }
   }

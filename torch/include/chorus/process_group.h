@@ -9,7 +9,9 @@
 
 #include <ATen/ATen.h>
 
+#include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -28,19 +30,38 @@ struct InitOptions {
   std::chrono::milliseconds timeout = std::chrono::minutes(30);  // default deadline of every call
 };
 
-// The handle of an asynchronous tensor collective. The collective keeps the tensors it reads and
-// writes alive until it finishes.
+// The handle of an asynchronous tensor collective, and the call's queued item itself (Note [One
+// Work per call] in the core's ordering.cc). The collective keeps the tensors it reads and writes
+// alive until it finishes. A layer that needs more in its handle (the Python backend's c10d Work)
+// derives from it and passes its object as the `handle` of an *_async call.
 class TensorWork : public Work {
  public:
-  explicit TensorWork(std::vector<at::Tensor> outputs) : outputs_(std::move(outputs)) {}
+  TensorWork() = default;
   // Blocks like wait() (and throws what it throws), then returns the collective's new tensors:
   // one for all_gather, gather (none off the destination), scatter, reduce_scatter, all_to_all;
   // one per rank for all_gather_v; none for the in-place collectives.
   std::vector<at::Tensor> result(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+  // Non-blocking: recv_any_async's sender once the work finished; -1 before, and for other calls.
+  int source() const { return source_.load(std::memory_order_acquire); }
 
  private:
+  friend class ProcessGroup;
   std::vector<at::Tensor> outputs_;
+  std::atomic<int> source_{-1};
+  int received_from_ = -1;  // the core writes recv_any's sender here, then source_ publishes it
 };
+
+// How an asynchronous tensor call reports: the core's AsyncOptions with a TensorWork handle.
+struct TensorAsyncOptions {
+  std::shared_ptr<TensorWork> handle;  // the handle to return (a subclass of TensorWork); null: a new one
+  // Runs on the collective's thread after it succeeded, before the work finishes; what it
+  // throws becomes the work's error.
+  std::function<void()> then;
+};
+
+namespace detail {
+struct PreparedCall;  // process_group.cc
+}
 
 class ProcessGroup {
  public:
@@ -83,34 +104,86 @@ class ProcessGroup {
   // receiver's tensor must have the sender's dtype and element count.
   void send(const at::Tensor& t, int dst, int tag = 0);
   void recv(at::Tensor& t, int src, int tag = 0);
+  // Receives the next message from whichever rank's comes first; returns that rank (Communicator::
+  // recv_any: it waits for the receives issued before it, from any rank).
+  int recv_any(at::Tensor& t, int tag = 0);
   void barrier(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+
+  // ---- torch.distributed's list and coalesced forms (for C++, and what the Python backend serves)
+  // Every rank's t into outputs[r]: the caller's tensors, each of t's dtype and element count.
+  // Moves each rank's data straight into its output, without a staging tensor.
+  void all_gather(std::vector<at::Tensor>& outputs, const at::Tensor& t);
+  // Every tensor of the list reduced in place, in one call: one collective per dtype in the list
+  // (tensors may differ in shape and dtype). Every rank must pass the same shapes and dtypes in
+  // the same order, else CollectiveMismatch on every rank, showing each rank's list.
+  void all_reduce_coalesced_(std::vector<at::Tensor>& tensors, ReduceOp op = ReduceOp::Sum);
+  // all_gather_into / reduce_scatter_into of each pair (outs[i], ins[i]), in one call, with the
+  // same agreement rule on the lists.
+  void all_gather_into_coalesced(std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& ins);
+  void reduce_scatter_into_coalesced(std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& ins,
+                                     ReduceOp op = ReduceOp::Sum);
+  // torch's all_to_all_single: rows in_splits[q] of `in` (along dim 0, in order) go to rank q, and
+  // out_splits[p] rows of `out` come from rank p. Empty splits: equal blocks of size() rows each.
+  // in and out share a dtype and their rows' shape.
+  void all_to_all_into(at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& out_splits = {},
+                       const std::vector<int64_t>& in_splits = {});
+  // torch's list all_to_all: inputs[q] goes to rank q, outputs[p] comes from rank p (sizes may
+  // differ per pair; one dtype).
+  void all_to_all(std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs);
+  // torch's list gather / scatter / reduce_scatter: every rank's t into outputs[r] on dst (other
+  // ranks pass an empty list); inputs[q] of src into rank q's out; the reduction of every rank's
+  // inputs[q] into rank q's out. The tensors of a call share the shape and dtype of t / out.
+  void gather(std::vector<at::Tensor>& outputs_on_dst, const at::Tensor& t, int dst);
+  void scatter(at::Tensor& out, const std::vector<at::Tensor>& inputs_on_src, int src);
+  void reduce_scatter(at::Tensor& out, const std::vector<at::Tensor>& inputs, ReduceOp op = ReduceOp::Sum);
 
   // Asynchronous forms: the same collective, queued behind the earlier asynchronous ones on the
   // group's executor (Note [One body per collective] in process_group.cc). They return at once
   // (all_gather_v and scatter first agree on shapes, which blocks briefly); a bad tensor raises
   // here, on every rank. TensorWork::result() gives the new tensors. In-place targets must not be
-  // read or written until the work finished.
-  std::shared_ptr<TensorWork> all_reduce_async(at::Tensor& t, ReduceOp op = ReduceOp::Sum);
-  std::shared_ptr<TensorWork> broadcast_async(at::Tensor& t, int src = 0);
-  std::shared_ptr<TensorWork> reduce_async(at::Tensor& t, int dst, ReduceOp op = ReduceOp::Sum);
-  std::shared_ptr<TensorWork> all_gather_async(const at::Tensor& t);
-  std::shared_ptr<TensorWork> all_gather_v_async(const at::Tensor& t);
-  std::shared_ptr<TensorWork> gather_async(const at::Tensor& t, int dst);
-  std::shared_ptr<TensorWork> scatter_async(const std::optional<at::Tensor>& stacked_on_src, int src);
-  std::shared_ptr<TensorWork> reduce_scatter_async(const at::Tensor& t, ReduceOp op = ReduceOp::Sum);
-  std::shared_ptr<TensorWork> all_to_all_async(const at::Tensor& t);
-  std::shared_ptr<TensorWork> all_gather_into_async(at::Tensor& out, const at::Tensor& t);
-  std::shared_ptr<TensorWork> reduce_scatter_into_async(at::Tensor& out, const at::Tensor& t,
-                                                        ReduceOp op = ReduceOp::Sum);
-  std::shared_ptr<TensorWork> send_async(const at::Tensor& t, int dst, int tag = 0);
-  std::shared_ptr<TensorWork> recv_async(at::Tensor& t, int src, int tag = 0);
-  std::shared_ptr<TensorWork> barrier_async();
+  // read or written until the work finished. `async`: the handle to return, and what to run
+  // after the collective (TensorAsyncOptions).
+  using Handle = std::shared_ptr<TensorWork>;
+  Handle all_reduce_async(at::Tensor& t, ReduceOp op = ReduceOp::Sum, TensorAsyncOptions async = {});
+  Handle broadcast_async(at::Tensor& t, int src = 0, TensorAsyncOptions async = {});
+  Handle reduce_async(at::Tensor& t, int dst, ReduceOp op = ReduceOp::Sum, TensorAsyncOptions async = {});
+  Handle all_gather_async(const at::Tensor& t, TensorAsyncOptions async = {});
+  Handle all_gather_v_async(const at::Tensor& t, TensorAsyncOptions async = {});
+  Handle gather_async(const at::Tensor& t, int dst, TensorAsyncOptions async = {});
+  Handle scatter_async(const std::optional<at::Tensor>& stacked_on_src, int src, TensorAsyncOptions async = {});
+  Handle reduce_scatter_async(const at::Tensor& t, ReduceOp op = ReduceOp::Sum, TensorAsyncOptions async = {});
+  Handle all_to_all_async(const at::Tensor& t, TensorAsyncOptions async = {});
+  Handle all_gather_into_async(at::Tensor& out, const at::Tensor& t, TensorAsyncOptions async = {});
+  Handle reduce_scatter_into_async(at::Tensor& out, const at::Tensor& t, ReduceOp op = ReduceOp::Sum,
+                                   TensorAsyncOptions async = {});
+  Handle send_async(const at::Tensor& t, int dst, int tag = 0, TensorAsyncOptions async = {});
+  Handle recv_async(at::Tensor& t, int src, int tag = 0, TensorAsyncOptions async = {});
+  Handle recv_any_async(at::Tensor& t, int tag = 0, TensorAsyncOptions async = {});  // TensorWork::source()
+  Handle barrier_async(TensorAsyncOptions async = {});
+  Handle all_gather_async(std::vector<at::Tensor>& outputs, const at::Tensor& t, TensorAsyncOptions async = {});
+  Handle all_reduce_coalesced_async(std::vector<at::Tensor>& tensors, ReduceOp op = ReduceOp::Sum,
+                                    TensorAsyncOptions async = {});
+  Handle all_gather_into_coalesced_async(std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& ins,
+                                         TensorAsyncOptions async = {});
+  Handle reduce_scatter_into_coalesced_async(std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& ins,
+                                             ReduceOp op = ReduceOp::Sum, TensorAsyncOptions async = {});
+  Handle all_to_all_into_async(at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& out_splits = {},
+                               const std::vector<int64_t>& in_splits = {}, TensorAsyncOptions async = {});
+  Handle all_to_all_async(std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs,
+                          TensorAsyncOptions async = {});
+  Handle gather_async(std::vector<at::Tensor>& outputs_on_dst, const at::Tensor& t, int dst,
+                      TensorAsyncOptions async = {});
+  Handle scatter_async(at::Tensor& out, const std::vector<at::Tensor>& inputs_on_src, int src,
+                       TensorAsyncOptions async = {});
+  Handle reduce_scatter_async(at::Tensor& out, const std::vector<at::Tensor>& inputs, ReduceOp op = ReduceOp::Sum,
+                              TensorAsyncOptions async = {});
 
   // Collective over this group: a group of `ranks` (ranks of this group; their order gives the
   // new ranks). Null on ranks not in the list.
   std::shared_ptr<ProcessGroup> split(const std::vector<int>& ranks);
 
  private:
+  Handle submit(detail::PreparedCall call, TensorAsyncOptions async);
   std::shared_ptr<Communicator> comm_;
   std::vector<int> ranks_;
 };

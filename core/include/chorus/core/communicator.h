@@ -55,6 +55,16 @@ struct CommunicatorOptions {
 
 using Timeout = std::optional<std::chrono::milliseconds>;
 
+// How an asynchronous call (submit, send_async, recv_async, recv_any_async) reports.
+struct AsyncOptions {
+  // The Work to return and finish: a subclass that carries results for the layer above (the torch
+  // layer's TensorWork, the Python backend's c10d Work). Null: a plain Work. Given to one call only.
+  std::shared_ptr<Work> handle;
+  // Runs on the call's thread after the call succeeded, before the Work finishes (copying a
+  // result where it belongs); what it throws becomes the Work's error.
+  std::function<void()> then;
+};
+
 // Note [Symmetric memory]: one buffer per rank, of the same size, allocated together by the whole
 // group (Communicator::alloc_symmetric). On the shared-memory backend every rank maps every
 // rank's buffer, so a collective whose buffers lie in symmetric memory on every rank moves data
@@ -105,6 +115,10 @@ class Communicator {
   void reduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op, int root, Timeout timeout = {});
   // out (size() * count) = every rank's in, in rank order.
   void all_gather(const void* in, void* out, size_t count, DataType dtype, Timeout timeout = {});
+  // The same into separate buffers: rank p's in goes to outs[p] (count elements each; the blocks
+  // must not overlap each other, nor in unless in == outs[rank()]).
+  void all_gather_to(const void* in, const std::vector<void*>& outs, size_t count, DataType dtype,
+                     Timeout timeout = {});
   // Uneven: rank p contributes counts[p] elements; out holds their concatenation.
   void all_gather_v(const void* in, void* out, const std::vector<size_t>& counts, DataType dtype, Timeout timeout = {});
   void gather(const void* in, void* out, size_t count, DataType dtype, int root, Timeout timeout = {});
@@ -124,6 +138,11 @@ class Communicator {
   // send returns once the data is handed over (small messages do not wait for the receiver).
   void send(const void* buf, size_t count, DataType dtype, int dst, int tag = 0, Timeout timeout = {});
   void recv(void* buf, size_t count, DataType dtype, int src, int tag = 0, Timeout timeout = {});
+  // Receives the next message from whichever rank's comes first, and returns that rank. It takes
+  // its turn on every incoming (peer) order at once: receives issued before it, from any peer,
+  // finish first; those issued after wait for it. A peer that dies while it waits is named in a
+  // PeerFailure, as for recv.
+  int recv_any(void* buf, size_t count, DataType dtype, int tag = 0, Timeout timeout = {});
   void barrier(Timeout timeout = {});
   // Collective: every rank allocates `bytes` (the same on every rank) of symmetric memory
   // (Note [Symmetric memory]), 64-byte aligned and zero-filled.
@@ -141,12 +160,17 @@ class Communicator {
   // the ones submitted before, to run on this communicator's executor thread; returns at once.
   // The Work finishes when the function returns, with what it threw. Buffers must stay alive
   // until then. A blocking collective on another thread first waits for every submitted one.
-  std::shared_ptr<Work> submit(std::function<void()> collectives);
+  std::shared_ptr<Work> submit(std::function<void()> collectives, AsyncOptions async = {});
   // Point to point without blocking: the message takes its place in the (peer, direction) order
   // now, and moves on a thread of its own.
   std::shared_ptr<Work> send_async(const void* buf, size_t count, DataType dtype, int dst, int tag = 0,
-                                   Timeout timeout = {});
-  std::shared_ptr<Work> recv_async(void* buf, size_t count, DataType dtype, int src, int tag = 0, Timeout timeout = {});
+                                   Timeout timeout = {}, AsyncOptions async = {});
+  std::shared_ptr<Work> recv_async(void* buf, size_t count, DataType dtype, int src, int tag = 0, Timeout timeout = {},
+                                   AsyncOptions async = {});
+  // recv_any without blocking: *source (which must stay valid until the Work finishes) is set to
+  // the sender's rank before the Work finishes.
+  std::shared_ptr<Work> recv_any_async(void* buf, size_t count, DataType dtype, int* source, int tag = 0,
+                                       Timeout timeout = {}, AsyncOptions async = {});
 
  private:
   friend class Hierarchy;  // runs its steps through execute() and fail()
@@ -154,8 +178,9 @@ class Communicator {
   // The one path every call takes: validate its arguments (communicator/arguments.h), take its
   // place in the order (communicator/ordering.h), then execute it.
   void run(Call& call, Timeout timeout);
-  std::shared_ptr<Work> run_async(Call call, Timeout timeout);  // send_async / recv_async
-  void execute(Call& call, Timeout timeout);                    // after ordering: the backend, and the aborted state
+  std::shared_ptr<Work> run_async(Call call, Timeout timeout, AsyncOptions async,
+                                  int* source = nullptr);  // send_async / recv_async / recv_any_async
+  void execute(Call& call, Timeout timeout);               // after ordering: the backend, and the aborted state
   template <class Body>
   void execute_with(Call& call, Timeout timeout, Body&& body);  // body instead of the backend's run()
   // Marks the communicator failed after an error that leaves the group unusable.
