@@ -6,7 +6,7 @@ include(CMakePackageConfigHelpers)
 set(chorus_libraries chorus_core)
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/core/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 if(CHORUS_BUILD_TORCH)
-  list(APPEND chorus_libraries chorus_torch)
+  list(APPEND chorus_libraries chorus_groups chorus_torch)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/torch/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 endif()
 install(TARGETS ${chorus_libraries} EXPORT chorusTargets

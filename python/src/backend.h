@@ -3,7 +3,10 @@
 // users have too.
 #pragma once
 
-#include <chorus/chorus.h>
+#include <chorus/core/communicator.h>
+#include <chorus/core/error.h>
+#include <chorus/core/settings.h>
+#include <chorus/process_group.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 

@@ -328,9 +328,12 @@ class GlooEngine : public Engine {
   void all_to_all_v(const void* in, const std::vector<size_t>& send_bytes, void* out,
                     const std::vector<size_t>& recv_bytes, Millis left) override {
     ::gloo::AlltoallvOptions o(context_);
-    o.setInput(static_cast<uint8_t*>(const_cast<void*>(in)),
+    // Gloo copies this rank's own block with memcpy even when it is empty: never hand it null.
+    static uint8_t nothing;
+    o.setInput(in ? static_cast<uint8_t*>(const_cast<void*>(in)) : &nothing,
                std::vector<int64_t>(send_bytes.begin(), send_bytes.end()));
-    o.setOutput(static_cast<uint8_t*>(out), std::vector<int64_t>(recv_bytes.begin(), recv_bytes.end()));
+    o.setOutput(out ? static_cast<uint8_t*>(out) : &nothing,
+                std::vector<int64_t>(recv_bytes.begin(), recv_bytes.end()));
     o.setTag(next_tag());
     o.setTimeout(left);
     guard("all_to_all_v", [&] { ::gloo::alltoallv(o); });

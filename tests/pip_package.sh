@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The Python package as a user gets it: `pip wheel --no-build-isolation` builds chorus_torch and
+# chorusrun against the torch of the given Python's environment, then a fresh virtual environment
+# installs torch and that wheel (which requires exactly the torch it was built against), and
+# chorusrun from the wheel starts two ranks that use backend "chorus" without importing
+# chorus_torch (the .pth the wheel installs loads it after torch).
+# Usage: tests/pip_package.sh PYTHON WORK_DIR
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+python=$1 work=$2
+rm -rf "$work"
+mkdir -p "$work"
+jobs=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
+
+echo "== pip wheel --no-build-isolation $root"
+CMAKE_BUILD_PARALLEL_LEVEL=$jobs "$python" -m pip wheel --no-build-isolation --no-deps -q -w "$work/dist" \
+  -C build-dir="$work/build" "$root" 2>&1 | grep -v "^WARNING: Location" || true
+wheel=$(ls "$work"/dist/chorus_torch-*.whl)
+echo "built $(basename "$wheel")"
+unzip -p "$wheel" '*.dist-info/METADATA' | grep -E "^(Name|Version|Requires-Dist):"
+torch_version=$("$python" -c "import torch; print(torch.__version__.split('+')[0])")
+unzip -p "$wheel" '*.dist-info/METADATA' | grep -qx "Requires-Dist: torch==$torch_version" ||
+  { echo "FAILED: the wheel does not require torch==$torch_version"; exit 1; }
+
+echo "== a fresh environment installs it"
+"$python" -c "import sys; print(sys.base_prefix)" > /dev/null
+base=$("$python" -c "import sys; print(sys.base_prefix)")/bin/python3
+"$base" -m venv "$work/env"
+"$work/env/bin/python" -m pip install -q --disable-pip-version-check "$wheel" 2>&1 | grep -v "^WARNING: Location" || true
+"$work/env/bin/python" -m pip list 2>/dev/null | grep -iE "^(torch|chorus)"
+
+cat > "$work/job.py" <<'PY'
+import sys, torch, torch.distributed as dist
+dist.init_process_group("chorus")  # env:// from chorusrun; chorus_torch was loaded after torch
+t = torch.ones(4) * (dist.get_rank() + 1)
+dist.all_reduce(t)
+assert t.tolist() == [3.0] * 4, t
+where = sys.modules["chorus_torch"].__file__
+assert where.startswith(sys.prefix), (where, sys.prefix)
+print("rank", dist.get_rank(), "backend", dist.get_backend(), "chorus_torch from", where, flush=True)
+dist.destroy_process_group()
+PY
+out=$(OMP_NUM_THREADS=1 "$work/env/bin/chorusrun" --nproc-per-node 2 --master-port 0 "$work/env/bin/python" "$work/job.py")
+echo "$out"
+[[ $(grep -c "backend chorus" <<< "$out") == 2 ]] || { echo "FAILED: not both ranks ran on chorus"; exit 1; }
+echo "PASSED"
