@@ -75,6 +75,12 @@ def chorus_rows(build, world, ops, out, symmetric=False):
     return rows
 
 
+def default_python():
+    """The project's environment (scripts/install-deps.sh), else the Python running this script."""
+    venv = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".venv", "bin", "python")
+    return venv if os.path.exists(venv) else sys.executable
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -84,6 +90,8 @@ def main():
     ap.add_argument("--gloo-np", default="2")
     ap.add_argument("--out", default="bench-results")
     ap.add_argument("--repeat", type=int, default=1, help="run everything N times, interleaved; report medians")
+    ap.add_argument("--python", default=default_python(), help="the Python with torch for the gloo anchor "
+                    "(default: the project's .venv)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     anchors = os.path.abspath(args.anchors)
@@ -106,7 +114,7 @@ def main():
             runs["mpi"].append(parse_table(run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(world), mpi_bin],
                                                log=os.path.join(args.out, f"mpi_w{world}_{r}.txt"))))
             if with_gloo:
-                runs["gloo"].append(parse_table(run(["/usr/bin/python3", os.path.join(anchors, "torch_gloo_bench.py"), str(world)],
+                runs["gloo"].append(parse_table(run([args.python, os.path.join(anchors, "torch_gloo_bench.py"), str(world)],
                                                     env=env1, log=os.path.join(args.out, f"gloo_w{world}_{r}.txt"))))
         results = {impl: median_tables(tables) for impl, tables in runs.items()}
         peers = [p for p in ("chorus_sym", "mpi", "gloo") if p in results]

@@ -1,10 +1,10 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Plots busbw against message size for chorus, Open MPI and torch gloo from compare.py's
 combined.csv: one panel per collective, at one world size.
 
   bench/plot.py bench-results/combined.csv docs/busbw.png --world 2 --note "2026-11-22, 2-core VM"
 
-Needs matplotlib (Debian: python3-matplotlib; scripts/install-deps.sh --bench installs it).
+Needs matplotlib (scripts/install-deps.sh --bench installs it in .venv: .venv/bin/python bench/plot.py ...).
 """
 import argparse
 import csv

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # chorus's torch.distributed backend against gloo, in one run: the anchors in ../shared/anchors
-# (or $ANCHORS) with --backend gloo and --backend chorus, and chorus-bench at 8 bytes for the
-# C++ side of the per-call cost. Usage: bench/python_backend.sh [build-dir] [world]
+# (or $ANCHORS) with --backend gloo and --backend chorus, bench/python_extras.py (FSDP2's tensor
+# collectives, DDP's exposed communication) likewise, and chorus-bench at 8 bytes for the C++
+# side of the per-call cost. Usage: bench/python_backend.sh [build-dir] [world]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-"$root/build"}
 world=${2:-2}
 anchors=${ANCHORS:-"$root/../shared/anchors"}
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 PYTHONPATH="$build/python/site"
-py=/usr/bin/python3
+py=${CHORUS_PYTHON:-"$root/.venv/bin/python"}  # the project's environment (scripts/install-deps.sh)
 
 echo "== C++: chorus-bench, 8 bytes and barrier, W=$world"
 "$build/bench/chorus-bench" -n "$world" --ops barrier,all_reduce --sizes 8
@@ -19,6 +20,10 @@ done
 for backend in gloo chorus gloo chorus; do
   echo "== DDP on the reference MLP, $backend"
   $py "$anchors/torch_ddp_bench.py" "$world" --backend "$backend" | tail -1
+done
+for backend in gloo chorus; do
+  echo "== reduce_scatter_tensor, all_gather_into_tensor, DDP's exposed communication, $backend"
+  $py "$root/bench/python_extras.py" "$world" --backend "$backend" | grep -v "^\[" || true
 done
 for backend in gloo chorus; do
   echo "== objects, $backend"

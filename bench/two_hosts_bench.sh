@@ -43,13 +43,14 @@ chorusrun="$build/launcher/chorusrun --no_prefix"
 bench="$build/bench/chorus-bench --ops all_reduce --sizes $sizes"
 run hierarchical "$chorusrun" CHORUS_BACKEND=auto -- $bench
 run flat_gloo "$chorusrun" CHORUS_BACKEND=gloo -- $bench
-# Debian's torchrun 1.13 under Python 3.11 parses only --redirects 1 / --tee 2: the table goes to
-# stderr, which is tee'd (lines then start with "[default0]:").
-run torch_gloo "/usr/bin/torchrun --redirects 1 --tee 2" -- "$root/bench/torch_all_reduce.py" "$sizes"
+# torchrun of the project's environment; the table goes to stderr, which is tee'd (lines then
+# start with "[default0]:").
+py=${CHORUS_PYTHON:-"$root/.venv/bin/python"}
+run torch_gloo "$py -m torch.distributed.run --redirects 1 --tee 2" -- "$root/bench/torch_all_reduce.py" "$sizes"
 
 echo
 echo "== all_reduce f32, world $((2 * nproc)) = 2 hosts x $nproc ranks, rank 0's median µs (ratio: torch gloo / that)"
-/usr/bin/python3 - "$out" <<'PY'
+"$py" - "$out" <<'PY'
 import sys
 out = sys.argv[1]
 def table(name):

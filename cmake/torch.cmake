@@ -4,9 +4,10 @@
 #  - the torch of the Python that builds chorus_torch: the project's environment (.venv, made by
 #    scripts/install-deps.sh), else -DPython3_EXECUTABLE, else the active virtual environment or
 #    the first python3 (its torch.utils.cmake_prefix_path).
-# chorus needs torch 2.1 or newer (c10d::Backend, the coalesced collectives); it is built and
-# tested on 2.13.
-set(CHORUS_MIN_TORCH 2.1)
+# chorus is built and tested on torch 2.13 and asks for it: the torch layer and the backend follow
+# 2.13's C++ API (optimizer state keyed by TensorImpl, c10d::Backend's coalescing and splitting
+# virtuals), which earlier 2.x releases lack in part. torch 1.13 is no longer supported.
+set(CHORUS_MIN_TORCH 2.13)
 find_package(Torch ${CHORUS_MIN_TORCH} CONFIG QUIET)
 if(NOT Torch_FOUND)
   if(NOT CHORUS_PYTHON)

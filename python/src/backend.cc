@@ -157,7 +157,7 @@ class ChorusWork final : public c10d::Work, public chorus::TensorWork {
  public:
   ChorusWork(int rank, c10d::OpType type, const char* title, std::vector<at::Tensor> outputs)
       : c10d::Work(rank, type, title),
-        outputs_(std::move(outputs)),
+        c10d_outputs_(std::move(outputs)),
         future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {
     on_finish([this](std::exception_ptr error) {
       if (!waiter_.load()) Completer::get().post([self = self(), error] { self->complete(error); });
@@ -181,7 +181,7 @@ class ChorusWork final : public c10d::Work, public chorus::TensorWork {
   bool isSuccess() const override { return future_->completed() && !future_->hasError(); }
   std::exception_ptr exception() const override { return future_->hasError() ? future_->exception_ptr() : nullptr; }
   int sourceRank() const override { return source(); }
-  std::vector<at::Tensor> result() override { return outputs_; }
+  std::vector<at::Tensor> result() override { return c10d_outputs_; }
   bool wait(std::chrono::milliseconds timeout) override {
     if (timeout == ::kNoTimeout) waiter_ = true;  // it completes the future itself, below
     try {
@@ -209,10 +209,10 @@ class ChorusWork final : public c10d::Work, public chorus::TensorWork {
     if (error)
       future_->setError(error);
     else
-      future_->markCompleted(c10::IValue(outputs_));
+      future_->markCompleted(c10::IValue(c10d_outputs_));
   }
 
-  std::vector<at::Tensor> outputs_;  // c10d's view: the tensors the call wrote
+  std::vector<at::Tensor> c10d_outputs_;  // c10d's view: the tensors the call wrote
   std::atomic<bool> claimed_{false};
   std::atomic<bool> waiter_{false};  // a thread waits without a timeout: no completer needed
   c10::intrusive_ptr<c10::ivalue::Future> future_;

@@ -1,5 +1,5 @@
 """First checks of backend "chorus" from Python: collectives, futures, DDP, a subgroup.
-Usage: PYTHONPATH=<build>/python /usr/bin/python3 python/tests/smoke.py [world]"""
+Usage: PYTHONPATH=<build>/python/site .venv/bin/python python/tests/smoke.py [world]"""
 import os
 import sys
 import tempfile

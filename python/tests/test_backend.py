@@ -299,8 +299,8 @@ SPAWNED = textwrap.dedent("""
 
 
 class Launchers(unittest.TestCase):
-    """The launched programs meet on a TCPStore, which torch 1.13 binds to every address: each
-    runs in a network namespace of its own whose only interface is loopback."""
+    """The launched programs meet on torch's TCPStore, which listens on every address: each runs
+    in a network namespace of its own whose only interface is loopback."""
 
     @classmethod
     def setUpClass(cls):
@@ -331,10 +331,8 @@ class Launchers(unittest.TestCase):
         self.assertEqual(out.count("chorus"), 2, out)
 
     def test_torchrun(self):
-        # torch 1.13's torchrun on Python 3.11 (Debian 12) fails with its default --redirects 0 and
-        # --tee 0 for any backend (Std.from_str finds no member for 0): pass values it can parse.
         out = self.run_script(LAUNCHED, [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                         "--nproc_per_node", "2", "--redirects", "2", "--tee", "1"])
+                                         "--nproc_per_node", "2"])
         self.assertEqual(out.count("backend chorus"), 2, out)
 
     @unittest.skipUnless(os.environ.get("CHORUSRUN"), "CHORUSRUN names the chorusrun binary")

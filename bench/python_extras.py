@@ -1,0 +1,87 @@
+"""What ../shared/anchors does not time, for backends gloo and chorus alike: reduce_scatter_tensor
+and all_gather_into_tensor of 64 MiB (what FSDP2 calls), and DDP's exposed communication on the
+reference MLP (Linear(2048,2048)-ReLU x3, Linear(2048,10); batch 64 per rank, SGD): the median step
+minus the median step under no_sync, in the same processes, interleaved.
+
+  .venv/bin/python bench/python_extras.py WORLD --backend gloo|chorus
+Prints rank 0's medians."""
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+
+
+def median_time(fn, iters, warmup=2):
+    for _ in range(warmup):
+        fn()
+    dist.barrier()
+    times = []
+    for _ in range(iters):
+        dist.barrier()  # every call from a common start
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def worker(rank, world, port, backend):
+    if backend == "chorus":
+        import chorus_torch  # noqa: F401
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group(backend, rank=rank, world_size=world)
+    out = []
+    n = (64 << 20) // 4
+    big = torch.ones(n)
+    part = torch.empty(n // world)
+    t = median_time(lambda: dist.reduce_scatter_tensor(part, big), 5)
+    out.append(f"reduce_scatter_tensor 64 MiB in: {t * 1e3:.2f} ms")
+    whole = torch.empty(n * world)
+    t = median_time(lambda: dist.all_gather_into_tensor(whole, big), 5)
+    out.append(f"all_gather_into_tensor 64 MiB per rank: {t * 1e3:.2f} ms")
+
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(
+        nn.Sequential(nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 2048),
+                      nn.ReLU(), nn.Linear(2048, 10)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(rank)
+    x, y = torch.randn(64, 2048, generator=g), torch.randint(0, 10, (64,), generator=g)
+
+    def step(sync):
+        opt.zero_grad()
+        if sync:
+            nn.functional.cross_entropy(model(x), y).backward()
+        else:
+            with model.no_sync():
+                nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    synced, local = [], []
+    for i in range(45):  # interleaved, so that drift on a shared machine hits both alike
+        t0 = time.perf_counter()
+        step(i % 2 == 0)
+        (synced if i % 2 == 0 else local).append(time.perf_counter() - t0)
+    synced, local = statistics.median(synced[2:]), statistics.median(local[2:])
+    out.append(f"ddp step {synced * 1e3:.1f} ms, no_sync step {local * 1e3:.1f} ms, "
+               f"exposed communication {(synced - local) * 1e3:.1f} ms")
+    if rank == 0:
+        print(f"# {backend}, torch {torch.__version__}, {world} ranks")
+        for line in out:
+            print(line)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    backend = "gloo"
+    if "--backend" in sys.argv:
+        i = sys.argv.index("--backend")
+        backend = sys.argv[i + 1]
+        del sys.argv[i:i + 2]
+    world = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+    mp.spawn(worker, args=(world, 29513, backend), nprocs=world)
