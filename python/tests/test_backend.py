@@ -274,13 +274,16 @@ class Import(unittest.TestCase):
 
 
 LAUNCHED = textwrap.dedent("""
-    import os, torch, torch.distributed as dist
+    import os, sys, torch, torch.distributed as dist
     dist.init_process_group("chorus")  # env:// from the launcher; no import chorus_torch needed
     t = torch.ones(3) * (dist.get_rank() + 1)
     dist.all_reduce(t)
     w = dist.get_world_size()
     assert t.tolist() == [w * (w + 1) / 2] * 3, t
-    print("rank", dist.get_rank(), "of", dist.get_world_size(), "backend", dist.get_backend(), flush=True)
+    # One write: print() writes its pieces one by one when stdout is unbuffered, and torchrun's
+    # ranks share it.
+    sys.stdout.write(f"rank {dist.get_rank()} of {dist.get_world_size()} backend {dist.get_backend()}\\n")
+    sys.stdout.flush()
     dist.destroy_process_group()
 """)
 
