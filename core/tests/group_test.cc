@@ -270,6 +270,64 @@ TEST_P(Async, TheHandleGivenIsTheQueuedWork) {
       options()));
 }
 
+// AsyncOptions::on_caller: submit returns the work finished, its error kept in the work; the body
+// ran on the calling thread when nothing was queued before it, and never ahead of what was.
+TEST_P(Async, OnCallerReturnsFinishedInOrderAndKeepsTheError) {
+  expect_all_ok(run_group(
+      2,
+      [](Communicator& comm) {
+        std::thread::id ran_on;
+        int64_t x = comm.rank() + 1;
+        auto first = comm.submit(
+            [&] {
+              ran_on = std::this_thread::get_id();
+              comm.all_reduce(&x, &x, 1, DataType::Int64, ReduceOp::Sum);
+            },
+            {.on_caller = true});
+        RANK_CHECK(first->is_completed() && first->is_success() && x == 3);
+        RANK_CHECK(ran_on == std::this_thread::get_id());
+
+        std::atomic<bool> release{false};
+        std::vector<char> order;
+        std::mutex order_mu;
+        auto a = comm.submit([&] {
+          while (!release) std::this_thread::sleep_for(1ms);
+          std::lock_guard<std::mutex> lock(order_mu);
+          order.push_back('A');
+        });
+        std::thread releaser([&] {
+          std::this_thread::sleep_for(50ms);
+          release = true;
+        });
+        auto b = comm.submit(
+            [&] {
+              comm.barrier();
+              std::lock_guard<std::mutex> lock(order_mu);
+              order.push_back('B');
+            },
+            {.on_caller = true});
+        releaser.join();
+        RANK_CHECK(b->is_completed() && b->is_success());
+        RANK_CHECK(a->is_completed() && order == std::vector<char>({'A', 'B'}));
+
+        auto bad = comm.submit([] { throw InvalidArgument("a body that fails on purpose"); }, {.on_caller = true});
+        RANK_CHECK(bad->is_completed() && !bad->is_success());
+        auto msg = RANK_EXPECT_THROW(InvalidArgument, bad->wait());
+        RANK_CHECK(msg.find("on purpose") != std::string::npos, msg);
+
+        // Inside a body, it runs inline as the body's blocking calls do.
+        int64_t y = 1;
+        auto outer = comm.submit([&] {
+          auto inner =
+              comm.submit([&] { comm.all_reduce(&y, &y, 1, DataType::Int64, ReduceOp::Sum); }, {.on_caller = true});
+          RANK_CHECK(inner->is_completed() && y == 2);
+        });
+        outer->wait();
+        comm.barrier();
+      },
+      options()));
+}
+
 // all_gather_to: every rank's block into a buffer of its own, in place too.
 TEST_P(Groups, AllGatherIntoSeparateBuffers) {
   expect_all_ok(run_group(

@@ -155,9 +155,12 @@ class Completer {
 // holds it through its reference count, chorus's executor through the shared_ptr of handle().
 class ChorusWork final : public c10d::Work, public chorus::TensorWork {
  public:
-  ChorusWork(int rank, c10d::OpType type, const char* title, std::vector<at::Tensor> outputs)
+  // `on_caller`: the call returns finished (AsyncOptions::on_caller), and the calling thread
+  // completes the future right after.
+  ChorusWork(int rank, c10d::OpType type, const char* title, std::vector<at::Tensor> outputs, bool on_caller)
       : c10d::Work(rank, type, title),
         c10d_outputs_(std::move(outputs)),
+        waiter_(on_caller),
         future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {
     on_finish([this](std::exception_ptr error) {
       if (!waiter_.load()) Completer::get().post([self = self(), error] { self->complete(error); });
@@ -200,6 +203,7 @@ class ChorusWork final : public c10d::Work, public chorus::TensorWork {
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
 
  private:
+  friend class ProcessGroupChorus;  // issue() completes a call it ran on the caller's thread
   c10::intrusive_ptr<ChorusWork> self() { return c10::intrusive_ptr<ChorusWork>::reclaim_copy(this); }
 
   // Once, by whichever comes first: a completer thread, or a thread waiting in wait() (which then
@@ -213,8 +217,8 @@ class ChorusWork final : public c10d::Work, public chorus::TensorWork {
   }
 
   std::vector<at::Tensor> c10d_outputs_;  // c10d's view: the tensors the call wrote
+  std::atomic<bool> waiter_{false};       // a thread waits (or waited) for it itself: no completer needed
   std::atomic<bool> claimed_{false};
-  std::atomic<bool> waiter_{false};  // a thread waits without a timeout: no completer needed
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
@@ -370,10 +374,11 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupChorus::split(const c10::intrusive
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::issue(c10d::OpType type, const char* title,
-                                                         std::vector<at::Tensor> outputs,
+                                                         std::vector<at::Tensor> outputs, bool sync,
                                                          const std::function<void(TensorAsyncOptions)>& start) {
-  auto work = c10::make_intrusive<ChorusWork>(getRank(), type, title, std::move(outputs));
-  start({.handle = work->handle()});
+  auto work = c10::make_intrusive<ChorusWork>(getRank(), type, title, std::move(outputs), sync);
+  start({.handle = work->handle(), .on_caller = sync});
+  if (sync) work->complete(work->chorus::Work::exception());  // it ran on this thread and finished
   if (type != c10d::OpType::SEND && type != c10d::OpType::RECV && type != c10d::OpType::RECVANYSOURCE) ++sequence_;
   std::lock_guard<std::mutex> lock(coalescing_mu_);
   if (coalescing_) block_.push_back(work);
@@ -398,7 +403,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::endCoalescing() {
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::broadcast(std::vector<at::Tensor>& tensors,
                                                              const c10d::BroadcastOptions& opts) {
   at::Tensor& t = one(tensors, "broadcast");
-  return issue(c10d::OpType::BROADCAST, "chorus:broadcast", tensors,
+  return issue(c10d::OpType::BROADCAST, "chorus:broadcast", tensors, !opts.asyncOp,
                [&](TensorAsyncOptions a) { pg_->broadcast_async(t, int(opts.rootRank), std::move(a)); });
 }
 
@@ -406,7 +411,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::allreduce(std::vector<at::Ten
                                                              const c10d::AllreduceOptions& opts) {
   at::Tensor& t = one(tensors, "all_reduce");
   Reduction r = reduction(opts.reduceOp, t.scalar_type(), getSize(), "all_reduce");
-  return issue(c10d::OpType::ALLREDUCE, "chorus:all_reduce", tensors, [&](TensorAsyncOptions a) {
+  return issue(c10d::OpType::ALLREDUCE, "chorus:all_reduce", tensors, !opts.asyncOp, [&](TensorAsyncOptions a) {
     a.then = on_results(r, {t});
     pg_->all_reduce_async(t, r.op, std::move(a));
   });
@@ -431,10 +436,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::allreduce_coalesced(std::vect
           "chorus backend: all_reduce_coalesced with AVG takes integer or floating tensors, not both");
     if (mine.after) integers.push_back(t);
   }
-  return issue(c10d::OpType::ALLREDUCE_COALESCED, "chorus:all_reduce_coalesced", tensors, [&](TensorAsyncOptions a) {
-    a.then = on_results(r, integers.empty() ? tensors : integers);
-    pg_->all_reduce_coalesced_async(tensors, r.op, std::move(a));
-  });
+  return issue(c10d::OpType::ALLREDUCE_COALESCED, "chorus:all_reduce_coalesced", tensors, !opts.asyncOp,
+               [&](TensorAsyncOptions a) {
+                 a.then = on_results(r, integers.empty() ? tensors : integers);
+                 pg_->all_reduce_coalesced_async(tensors, r.op, std::move(a));
+               });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::reduce(std::vector<at::Tensor>& tensors,
@@ -442,7 +448,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::reduce(std::vector<at::Tensor
   at::Tensor& t = one(tensors, "reduce");
   Reduction r = reduction(opts.reduceOp, t.scalar_type(), getSize(), "reduce");
   const int root = int(opts.rootRank);
-  return issue(c10d::OpType::REDUCE, "chorus:reduce", tensors, [&](TensorAsyncOptions a) {
+  return issue(c10d::OpType::REDUCE, "chorus:reduce", tensors, !opts.asyncOp, [&](TensorAsyncOptions a) {
     if (getRank() == root) a.then = on_results(r, {t});
     pg_->reduce_async(t, root, r.op, std::move(a));
   });
@@ -450,16 +456,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::reduce(std::vector<at::Tensor
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                              std::vector<at::Tensor>& inputs,
-                                                             const c10d::AllgatherOptions&) {
+                                                             const c10d::AllgatherOptions& opts) {
   at::Tensor& t = one(inputs, "all_gather");
   std::vector<at::Tensor>& out = one_list(outputs, "all_gather");
-  return issue(c10d::OpType::ALLGATHER, "chorus:all_gather", out,
+  return issue(c10d::OpType::ALLGATHER, "chorus:all_gather", out, !opts.asyncOp,
                [&](TensorAsyncOptions a) { pg_->all_gather_async(out, t, std::move(a)); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::_allgather_base(at::Tensor& output, at::Tensor& input,
-                                                                   const c10d::AllgatherOptions&) {
-  return issue(c10d::OpType::_ALLGATHER_BASE, "chorus:all_gather_into_tensor", {output},
+                                                                   const c10d::AllgatherOptions& opts) {
+  return issue(c10d::OpType::_ALLGATHER_BASE, "chorus:all_gather_into_tensor", {output}, !opts.asyncOp,
                [&](TensorAsyncOptions a) { pg_->all_gather_into_async(output, input, std::move(a)); });
 }
 
@@ -467,7 +473,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::_allgather_base(at::Tensor& o
 // one staging tensor per input, then viewed out per rank.
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                                        std::vector<at::Tensor>& inputs,
-                                                                       const c10d::AllgatherOptions&) {
+                                                                       const c10d::AllgatherOptions& opts) {
   const char* op = "all_gather_coalesced";
   if (int(outputs.size()) != getSize())
     throw InvalidArgument(concat("chorus backend: ", op, " needs ", getSize(), " output lists, got ", outputs.size()));
@@ -479,7 +485,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::allgather_coalesced(std::vect
   for (const at::Tensor& t : inputs)
     gathered.push_back(at::empty({getSize() * t.numel()}, t.options().memory_format(at::MemoryFormat::Contiguous)));
   for (auto& list : outputs) flat_outputs.insert(flat_outputs.end(), list.begin(), list.end());
-  return issue(c10d::OpType::ALLGATHER_COALESCED, "chorus:all_gather_coalesced", flat_outputs,
+  return issue(c10d::OpType::ALLGATHER_COALESCED, "chorus:all_gather_coalesced", flat_outputs, !opts.asyncOp,
                [&](TensorAsyncOptions a) {
                  a.then = [outputs, gathered, inputs] {
                    for (size_t r = 0; r < outputs.size(); ++r)
@@ -495,8 +501,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::allgather_coalesced(std::vect
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                                    std::vector<at::Tensor>& inputs,
-                                                                                   const c10d::AllgatherOptions&) {
-  return issue(c10d::OpType::COALESCED, "chorus:all_gather_into_tensor_coalesced", outputs,
+                                                                                   const c10d::AllgatherOptions& opts) {
+  return issue(c10d::OpType::COALESCED, "chorus:all_gather_into_tensor_coalesced", outputs, !opts.asyncOp,
                [&](TensorAsyncOptions a) { pg_->all_gather_into_coalesced_async(outputs, inputs, std::move(a)); });
 }
 
@@ -507,7 +513,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::gather(std::vector<std::vecto
   const int root = int(opts.rootRank);
   std::vector<at::Tensor> out;
   if (getRank() == root) out = one_list(outputs, "gather");
-  return issue(c10d::OpType::GATHER, "chorus:gather", out,
+  return issue(c10d::OpType::GATHER, "chorus:gather", out, !opts.asyncOp,
                [&](TensorAsyncOptions a) { pg_->gather_async(out, t, root, std::move(a)); });
 }
 
@@ -518,7 +524,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::scatter(std::vector<at::Tenso
   const int root = int(opts.rootRank);
   std::vector<at::Tensor> in;
   if (getRank() == root) in = one_list(inputs, "scatter");
-  return issue(c10d::OpType::SCATTER, "chorus:scatter", outputs,
+  return issue(c10d::OpType::SCATTER, "chorus:scatter", outputs, !opts.asyncOp,
                [&](TensorAsyncOptions a) { pg_->scatter_async(t, in, root, std::move(a)); });
 }
 
@@ -528,19 +534,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::reduce_scatter(std::vector<at
   at::Tensor& t = one(outputs, "reduce_scatter");
   std::vector<at::Tensor>& in = one_list(inputs, "reduce_scatter");
   Reduction r = reduction(opts.reduceOp, t.scalar_type(), getSize(), "reduce_scatter");
-  return issue(c10d::OpType::REDUCE_SCATTER, "chorus:reduce_scatter", outputs, [&](TensorAsyncOptions a) {
-    a.then = on_results(r, {t});
-    pg_->reduce_scatter_async(t, in, r.op, std::move(a));
-  });
+  return issue(c10d::OpType::REDUCE_SCATTER, "chorus:reduce_scatter", outputs, !opts.asyncOp,
+               [&](TensorAsyncOptions a) {
+                 a.then = on_results(r, {t});
+                 pg_->reduce_scatter_async(t, in, r.op, std::move(a));
+               });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                         const c10d::ReduceScatterOptions& opts) {
   Reduction r = reduction(opts.reduceOp, input.scalar_type(), getSize(), "reduce_scatter_tensor");
-  return issue(c10d::OpType::_REDUCE_SCATTER_BASE, "chorus:reduce_scatter_tensor", {output}, [&](TensorAsyncOptions a) {
-    a.then = on_results(r, {output});
-    pg_->reduce_scatter_into_async(output, input, r.op, std::move(a));
-  });
+  return issue(c10d::OpType::_REDUCE_SCATTER_BASE, "chorus:reduce_scatter_tensor", {output}, !opts.asyncOp,
+               [&](TensorAsyncOptions a) {
+                 a.then = on_results(r, {output});
+                 pg_->reduce_scatter_into_async(output, input, r.op, std::move(a));
+               });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::reduce_scatter_tensor_coalesced(
@@ -551,7 +559,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::reduce_scatter_tensor_coalesc
     if (reduction(opts.reduceOp, t.scalar_type(), getSize(), op).op != r.op)
       throw InvalidArgument(concat("chorus backend: ", op, " with AVG takes integer or floating tensors, not both"));
   return issue(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, "chorus:reduce_scatter_tensor_coalesced", outputs,
-               [&](TensorAsyncOptions a) {
+               !opts.asyncOp, [&](TensorAsyncOptions a) {
                  a.then = on_results(r, outputs);
                  pg_->reduce_scatter_into_coalesced_async(outputs, inputs, r.op, std::move(a));
                });
@@ -560,39 +568,40 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::reduce_scatter_tensor_coalesc
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                                  std::vector<int64_t>& output_splits,
                                                                  std::vector<int64_t>& input_splits,
-                                                                 const c10d::AllToAllOptions&) {
-  return issue(c10d::OpType::ALLTOALL_BASE, "chorus:all_to_all_single", {output}, [&](TensorAsyncOptions a) {
-    pg_->all_to_all_into_async(output, input, output_splits, input_splits, std::move(a));
-  });
+                                                                 const c10d::AllToAllOptions& opts) {
+  return issue(c10d::OpType::ALLTOALL_BASE, "chorus:all_to_all_single", {output}, !opts.asyncOp,
+               [&](TensorAsyncOptions a) {
+                 pg_->all_to_all_into_async(output, input, output_splits, input_splits, std::move(a));
+               });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::alltoall(std::vector<at::Tensor>& outputs,
                                                             std::vector<at::Tensor>& inputs,
-                                                            const c10d::AllToAllOptions&) {
-  return issue(c10d::OpType::ALLTOALL, "chorus:all_to_all", outputs,
+                                                            const c10d::AllToAllOptions& opts) {
+  return issue(c10d::OpType::ALLTOALL, "chorus:all_to_all", outputs, !opts.asyncOp,
                [&](TensorAsyncOptions a) { pg_->all_to_all_async(outputs, inputs, std::move(a)); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
   at::Tensor& t = one(tensors, "send");
-  return issue(c10d::OpType::SEND, "chorus:send", tensors,
+  return issue(c10d::OpType::SEND, "chorus:send", tensors, false,
                [&](TensorAsyncOptions a) { pg_->send_async(t, dst, tag, std::move(a)); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
   at::Tensor& t = one(tensors, "recv");
-  return issue(c10d::OpType::RECV, "chorus:recv", tensors,
+  return issue(c10d::OpType::RECV, "chorus:recv", tensors, false,
                [&](TensorAsyncOptions a) { pg_->recv_async(t, src, tag, std::move(a)); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
   at::Tensor& t = one(tensors, "recv");
-  return issue(c10d::OpType::RECVANYSOURCE, "chorus:recv_any_source", tensors,
+  return issue(c10d::OpType::RECVANYSOURCE, "chorus:recv_any_source", tensors, false,
                [&](TensorAsyncOptions a) { pg_->recv_any_async(t, tag, std::move(a)); });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::barrier(const c10d::BarrierOptions&) {
-  return issue(c10d::OpType::BARRIER, "chorus:barrier", {},
+c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::barrier(const c10d::BarrierOptions& opts) {
+  return issue(c10d::OpType::BARRIER, "chorus:barrier", {}, !opts.asyncOp,
                [&](TensorAsyncOptions a) { pg_->barrier_async(std::move(a)); });
 }
 

@@ -114,8 +114,9 @@ class ProcessGroupChorus : public c10d::Backend {
 
  private:
   // One call: its ChorusWork, given to `start` (which issues the ProcessGroup call with it as
-  // the handle), counted as a collective or not, and kept for an open coalescing block.
-  c10::intrusive_ptr<c10d::Work> issue(c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
+  // the handle), counted as a collective or not, and kept for an open coalescing block. `sync`
+  // (c10d's asyncOp is false: Python waits for it at once) runs it on the calling thread.
+  c10::intrusive_ptr<c10d::Work> issue(c10d::OpType type, const char* title, std::vector<at::Tensor> outputs, bool sync,
                                        const std::function<void(chorus::TensorAsyncOptions)>& start);
   std::shared_ptr<chorus::ProcessGroup> pg_;
   std::chrono::milliseconds timeout_;

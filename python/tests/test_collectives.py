@@ -101,12 +101,16 @@ def recv_any_source(rank, world):
             assert torch.equal(t, torch.full((2,), float(src))), (src, t)
             seen.add(src)
         assert seen == set(range(1, world)), seen
+        # Rank 1 sends again only after this barrier: before it, its second
+        # message could come first and be taken in place of rank 2's.
+        dist.barrier()
         t = torch.zeros(2)
         work = dist.irecv(t)
         work.wait()
         assert work._source_rank() == 1 and torch.equal(t, torch.ones(2)), (work._source_rank(), t)
     else:
         dist.send(torch.full((2,), float(rank)), 0)
+        dist.barrier()
         if rank == 1:
             dist.send(torch.ones(2), 0)
     dist.barrier()

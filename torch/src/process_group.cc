@@ -28,7 +28,7 @@ std::vector<at::Tensor> TensorWork::result(std::optional<std::chrono::millisecon
 ProcessGroup::Handle ProcessGroup::submit(Prepared p, TensorAsyncOptions async) {
   Handle w = async.handle ? std::move(async.handle) : std::make_shared<TensorWork>();
   w->outputs_ = std::move(p.outputs);
-  comm_->submit(std::move(p.body), {.handle = w, .then = std::move(async.then)});
+  comm_->submit(std::move(p.body), {.handle = w, .then = std::move(async.then), .on_caller = async.on_caller});
   return w;
 }
 

@@ -15,7 +15,7 @@ CallOrder::~CallOrder() {
     std::lock_guard<std::mutex> lock(queue_mu_);
     stopping_ = true;
   }
-  queue_cv_.notify_all();
+  runnable_cv_.notify_all();
   if (executor_.joinable()) executor_.join();
   {
     std::lock_guard<std::recursive_mutex> lock(anchor_->mu);  // a waiter's body first
@@ -39,13 +39,24 @@ std::shared_ptr<Work> CallOrder::submit(std::function<void()> body, AsyncOptions
     std::lock_guard<std::recursive_mutex> lock(anchor->mu);
     return anchor->order && anchor->order->run_here(raw);
   });
+  if (async.on_caller && t_running_body == this) {  // inside a body: runs as its blocking calls do
+    run_body(body, *work);
+    return work;
+  }
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     if (!executor_.joinable()) executor_ = std::thread([this] { executor_loop(); });
     queue_.emplace_back(std::move(body), work);
     ++busy_;
   }
-  queue_cv_.notify_all();
+  if (async.on_caller) {  // the executor is not woken for it: this thread runs it if it is next
+    try {
+      work->wait();
+    } catch (...) {  // kept in the work for the caller
+    }
+    return work;
+  }
+  runnable_cv_.notify_all();
   return work;
 }
 
@@ -65,7 +76,7 @@ void CallOrder::run_body(std::function<void()>& body, Work& work) {
 void CallOrder::executor_loop() {
   std::unique_lock<std::mutex> lock(queue_mu_);
   while (true) {
-    queue_cv_.wait(lock, [&] { return (stopping_ && !running_) || (!queue_.empty() && !running_); });
+    runnable_cv_.wait(lock, [&] { return (stopping_ && !running_) || (!queue_.empty() && !running_); });
     if (queue_.empty()) return;
     run_front(lock);
   }
@@ -87,13 +98,16 @@ void CallOrder::run_front(std::unique_lock<std::mutex>& lock) {
   lock.lock();
   running_ = false;
   --busy_;
-  queue_cv_.notify_all();
+  // Wake only who has something to do: waking an idle executor after every call a waiter ran
+  // itself cost a futex round trip each (17% of a Python all_reduce's time on one rank).
+  if (!queue_.empty() || stopping_) runnable_cv_.notify_all();
+  if (busy_ == 0) idle_cv_.notify_all();
 }
 
 void CallOrder::wait_idle() {
   std::unique_lock<std::mutex> lock(queue_mu_);
   if (t_running_body == this) return;
-  queue_cv_.wait(lock, [&] { return busy_ == 0; });
+  idle_cv_.wait(lock, [&] { return busy_ == 0; });
 }
 
 size_t CallOrder::channel(OpKind kind, int peer) const {

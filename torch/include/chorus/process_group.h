@@ -57,6 +57,10 @@ struct TensorAsyncOptions {
   // Runs on the collective's thread after it succeeded, before the work finishes; what it
   // throws becomes the work's error.
   std::function<void()> then;
+  // The caller waits for it at once: the call returns its work finished, the collective having
+  // run in its place in the order, on the calling thread when nothing was queued before it
+  // (AsyncOptions::on_caller). Not for send and recv, which move on a thread of their own.
+  bool on_caller = false;
 };
 
 namespace detail {

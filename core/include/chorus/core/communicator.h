@@ -63,6 +63,11 @@ struct AsyncOptions {
   // Runs on the call's thread after the call succeeded, before the Work finishes (copying a
   // result where it belongs); what it throws becomes the Work's error.
   std::function<void()> then;
+  // submit only: the caller is about to wait for it. It takes its place in the order as usual and
+  // submit returns it finished, its error kept in the Work. The executor is not woken for it:
+  // when nothing is queued before it, it runs on the calling thread (Note [Running on the
+  // waiter]), with no hand-off to the executor and back.
+  bool on_caller = false;
 };
 
 // Note [Symmetric memory]: one buffer per rank, of the same size, allocated together by the whole
