@@ -105,6 +105,33 @@ TEST_P(Async, WorkCompletesInOrderAndReportsErrors) {
   }));
 }
 
+// B is queued behind A, which runs on the executor until released 50 ms later; B (a barrier,
+// submitted with `b_options`, then waited for) must not start first.
+void expect_queued_behind_a_running_one(Communicator& comm, AsyncOptions b_options) {
+  std::atomic<bool> release{false};
+  std::vector<char> order;
+  std::mutex order_mu;
+  auto a = comm.submit([&] {
+    while (!release) std::this_thread::sleep_for(1ms);
+    std::lock_guard<std::mutex> lock(order_mu);
+    order.push_back('A');
+  });
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(50ms);
+    release = true;
+  });
+  auto b = comm.submit(
+      [&] {
+        comm.barrier();
+        std::lock_guard<std::mutex> lock(order_mu);
+        order.push_back('B');
+      },
+      std::move(b_options));
+  b->wait();
+  releaser.join();
+  RANK_CHECK(a->is_completed() && b->is_success() && order == std::vector<char>({'A', 'B'}));
+}
+
 // Note [Running on the waiter]: a wait without a timeout runs a queued collective on the waiting
 // thread when it is next and the executor is idle; never ahead of one that runs or is queued
 // before it; its error reaches the waiter.
@@ -127,28 +154,8 @@ TEST_P(Async, AWaiterRunsTheNextQueuedCollectiveItselfAndNeverOutOfOrder) {
     }
     RANK_CHECK(on_waiter > 0, "no wait ran its collective itself in 200 tries");
 
-    // Order: B is queued behind A, which runs on the executor until released; B's waiter must
-    // not start it first.
-    std::atomic<bool> release{false};
-    std::vector<char> order;
-    std::mutex order_mu;
-    auto a = comm.submit([&] {
-      while (!release) std::this_thread::sleep_for(1ms);
-      std::lock_guard<std::mutex> lock(order_mu);
-      order.push_back('A');
-    });
-    auto b = comm.submit([&] {
-      comm.barrier();
-      std::lock_guard<std::mutex> lock(order_mu);
-      order.push_back('B');
-    });
-    std::thread releaser([&] {
-      std::this_thread::sleep_for(50ms);
-      release = true;
-    });
-    b->wait();
-    releaser.join();
-    RANK_CHECK(a->is_completed() && order == std::vector<char>({'A', 'B'}));
+    // Order: B's waiter must not start it ahead of A.
+    expect_queued_behind_a_running_one(comm, {});
 
     // An error thrown by a body the waiter ran reaches it, and the communicator goes on.
     auto bad = comm.submit([] { throw InvalidArgument("a body that fails on purpose"); });
@@ -287,28 +294,7 @@ TEST_P(Async, OnCallerReturnsFinishedInOrderAndKeepsTheError) {
         RANK_CHECK(first->is_completed() && first->is_success() && x == 3);
         RANK_CHECK(ran_on == std::this_thread::get_id());
 
-        std::atomic<bool> release{false};
-        std::vector<char> order;
-        std::mutex order_mu;
-        auto a = comm.submit([&] {
-          while (!release) std::this_thread::sleep_for(1ms);
-          std::lock_guard<std::mutex> lock(order_mu);
-          order.push_back('A');
-        });
-        std::thread releaser([&] {
-          std::this_thread::sleep_for(50ms);
-          release = true;
-        });
-        auto b = comm.submit(
-            [&] {
-              comm.barrier();
-              std::lock_guard<std::mutex> lock(order_mu);
-              order.push_back('B');
-            },
-            {.on_caller = true});
-        releaser.join();
-        RANK_CHECK(b->is_completed() && b->is_success());
-        RANK_CHECK(a->is_completed() && order == std::vector<char>({'A', 'B'}));
+        expect_queued_behind_a_running_one(comm, {.on_caller = true});
 
         auto bad = comm.submit([] { throw InvalidArgument("a body that fails on purpose"); }, {.on_caller = true});
         RANK_CHECK(bad->is_completed() && !bad->is_success());
