@@ -37,8 +37,6 @@ if backend == "chorus":
 
     for feature in ("plugin", "ddp", "subgroup", "gpu"):
         DistTestCases.backend_feature[feature].add(backend)
-    # recv(src=None) is the one call chorus refuses (with an error naming it).
-    DistTestCases.skip_collective["sendrecv anysource"].add(backend)
 
 from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
     DistributedTest,
