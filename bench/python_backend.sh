@@ -30,6 +30,6 @@ for backend in gloo chorus; do
   $py "$anchors/torch_object_bench.py" "$world" --backend "$backend" | tail -3
 done
 for backend in gloo chorus; do
-  echo "== DDP+Adam and ZeRO-1, $backend"
+  echo "== DDP+Adam, ZeRO-1 and FSDP2, $backend"
   $py "$anchors/torch_zero_bench.py" "$world" --backend "$backend" | grep -v "^\[" || true
 done

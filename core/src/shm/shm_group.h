@@ -65,7 +65,8 @@ class ShmGroup {
   template <class Ready, class What>
   void wait_for_peer(Ready&& ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& waiters, int peer,
                      const Call& c, What&& what) {
-    wait_for_peers(ready, word, waiters, {peer}, c, what);
+    if (ready()) return;  // the vector of peers is built only when a wait checks on them
+    wait_until(ready, word, waiters, policy_, [&] { check_peers({peer}, what(), c.start, c.deadline); });
   }
   // The same, for a call that waits on any of `peers` (a receive from any rank).
   template <class Ready, class What>
