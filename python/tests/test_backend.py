@@ -18,6 +18,7 @@ import unittest
 import torch
 import torch.distributed as dist
 
+import launch  # noqa: E402
 from ranks import TIMEOUT, expect_error, run_ranks  # noqa: E402
 
 
@@ -307,22 +308,17 @@ class Launchers(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        cls.netns = f"chorus-py-{os.getpid()}"
-        made = subprocess.run(["ip", "netns", "add", cls.netns], capture_output=True, text=True)
-        if made.returncode != 0:
-            raise unittest.SkipTest(f"cannot make a network namespace (needs root and iproute2): {made.stderr}")
-        subprocess.run(["ip", "-n", cls.netns, "link", "set", "lo", "up"], check=True)
+        cls.netns = launch.Namespace("py")
 
     @classmethod
     def tearDownClass(cls):
-        subprocess.run(["ip", "netns", "del", cls.netns], capture_output=True)
+        cls.netns.remove()
 
     def run_script(self, script, launcher):
         with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
             f.write(script)
         try:
-            out = subprocess.run(["ip", "netns", "exec", self.netns] + launcher + [f.name], capture_output=True,
-                                 text=True, timeout=TIMEOUT)
+            out = self.netns.run(launcher + [f.name], timeout=TIMEOUT)
         finally:
             os.unlink(f.name)
         self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
@@ -334,14 +330,12 @@ class Launchers(unittest.TestCase):
         self.assertEqual(out.count("chorus"), 2, out)
 
     def test_torchrun(self):
-        out = self.run_script(LAUNCHED, [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                         "--nproc_per_node", "2"])
+        out = self.run_script(LAUNCHED, launch.torchrun(2))
         self.assertEqual(out.count("backend chorus"), 2, out)
 
     @unittest.skipUnless(os.environ.get("CHORUSRUN"), "CHORUSRUN names the chorusrun binary")
     def test_chorusrun(self):
-        out = self.run_script(LAUNCHED, [os.environ["CHORUSRUN"], "--standalone", "--nproc-per-node", "3",
-                                         sys.executable])
+        out = self.run_script(LAUNCHED, launch.chorusrun(3))
         self.assertEqual(out.count("backend chorus"), 3, out)
 
 
