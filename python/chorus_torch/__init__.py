@@ -39,3 +39,18 @@ def engine(group=None):
     the hierarchy (shared memory inside each host, gloo between hosts) across several."""
     group = group if group is not None else dist.distributed_c10d._get_default_group()
     return _C._engine(group._get_backend(torch.device("cpu")))
+
+
+def make_default():
+    """Makes chorus the backend torch picks for CPU tensors when a program names none:
+    `init_process_group()` without a backend, and what reads torch's default map, such as
+    Lightning Fabric's and the Trainer's strategy="ddp" on CPU. CHORUS_DEFAULT_CPU_BACKEND=1 does
+    this at import, in every process that imports torch (the children of a launcher too)."""
+    dist.Backend.default_device_backend_map["cpu"] = "chorus"
+
+
+_default = os.environ.get("CHORUS_DEFAULT_CPU_BACKEND", "0")
+if _default not in ("0", "1"):
+    raise ImportError(f"CHORUS_DEFAULT_CPU_BACKEND must be 0 or 1, not {_default!r}")
+if _default == "1":
+    make_default()

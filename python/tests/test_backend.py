@@ -258,6 +258,26 @@ class Import(unittest.TestCase):
         out = subprocess.run([sys.executable, "-c", other], capture_output=True, text=True, env=env, timeout=TIMEOUT)
         self.assertIn("(git 000000000000,", out.stderr)
 
+    def test_chorus_as_the_default_cpu_backend(self):
+        # CHORUS_DEFAULT_CPU_BACKEND=1: init_process_group() naming no backend picks chorus for CPU.
+        code = textwrap.dedent("""
+            import sys, torch, torch.distributed as dist
+            dist.init_process_group(init_method="file://" + sys.argv[1], rank=0, world_size=1)
+            print("default", dist.get_backend_config())
+        """)
+        for value, want in (("1", "cpu:chorus"), ("0", "cpu:gloo")):
+            with tempfile.TemporaryDirectory() as d:
+                env = dict(os.environ, CHORUS_DEFAULT_CPU_BACKEND=value)
+                out = subprocess.run([sys.executable, "-c", code, os.path.join(d, "store")], capture_output=True,
+                                     text=True, env=env, timeout=TIMEOUT)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            self.assertIn(f"default {want}", out.stdout)
+        env = dict(os.environ, CHORUS_DEFAULT_CPU_BACKEND="yes", CHORUS_TORCH_AUTOLOAD="0")
+        out = subprocess.run([sys.executable, "-c", "import chorus_torch"], capture_output=True, text=True, env=env,
+                             timeout=TIMEOUT)
+        self.assertNotEqual(out.returncode, 0)
+        self.assertIn("CHORUS_DEFAULT_CPU_BACKEND must be 0 or 1, not 'yes'", out.stderr)
+
     def test_hook_never_breaks_import_torch(self):
         # A chorus_torch that fails to import (here one that raises) leaves torch importable, with
         # a warning that says why chorus is not there.
