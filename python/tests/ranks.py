@@ -20,8 +20,11 @@ if "CHORUS" not in dist.Backend._plugins:
 def _child(fn, rank, world, init, timeout_s, errors, backend):
     torch.set_num_threads(1)
     try:
-        dist.init_process_group(backend, init_method=init, rank=rank, world_size=world,
-                                timeout=timedelta(seconds=timeout_s))
+        if backend is None:  # fn starts the group itself, from this store
+            os.environ.update(CHORUS_TEST_STORE=init, RANK=str(rank), WORLD_SIZE=str(world))
+        else:
+            dist.init_process_group(backend, init_method=init, rank=rank, world_size=world,
+                                    timeout=timedelta(seconds=timeout_s))
         fn(rank, world)
     except BaseException:
         errors.put((rank, traceback.format_exc()))
@@ -34,7 +37,8 @@ def _child(fn, rank, world, init, timeout_s, errors, backend):
 def run_ranks(fn, world=2, timeout_s=60, expect_exit=None, backend="chorus", start="fork"):
     """Runs fn(rank, world) in `world` fresh processes after init_process_group(backend).
     Returns nothing; raises with every failing rank's traceback. expect_exit: {rank: code} for
-    ranks that leave on purpose. Forked by default (a spawned rank imports torch again, seconds)."""
+    ranks that leave on purpose. backend=None: fn starts the group itself, from the file store
+    named by $CHORUS_TEST_STORE. Forked by default (a spawned rank imports torch again, seconds)."""
     ctx = multiprocessing.get_context(start)
     errors = ctx.Queue()
     with tempfile.TemporaryDirectory() as d:
