@@ -35,9 +35,10 @@ requirements=("$root/python/requirements-test.txt")
 if [[ "${1:-}" == "--bench" ]]; then
   requirements+=("$root/python/requirements-bench.txt")
 fi
+nodeps="$root/python/requirements-nodeps.txt"  # installed without their dependencies
 # The venv is current when it holds what every requirements file asks for (a stamp per file).
 stamp="$venv/.chorus-requirements"
-wanted=$(cat "${requirements[@]}" | sha256sum | cut -d' ' -f1)
+wanted=$(cat "${requirements[@]}" "$nodeps" | sha256sum | cut -d' ' -f1)
 if [[ -x "$venv/bin/python" && -f "$stamp" ]] && grep -qx "$wanted" "$stamp"; then
   exit 0
 fi
@@ -48,4 +49,5 @@ fi
 args=()
 for r in "${requirements[@]}"; do args+=(-r "$r"); done
 "$venv/bin/python" -m pip install -q --disable-pip-version-check "${args[@]}"
+"$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps -r "$nodeps"
 echo "$wanted" >> "$stamp"
