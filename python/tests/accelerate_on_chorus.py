@@ -127,5 +127,10 @@ if __name__ == "__main__":
     calls = pg._get_sequence_number_for_group() - calls_before
     sys.stdout.write(f"rank {rank} of {world} on {backend_name}: {calls} collectives\n")
     sys.stdout.flush()
+    if backend == "gloo":
+        # torch 2.13's gloo aborts now and then as Python exits, after all of the above ("terminate
+        # called without an active exception", about 1 run in 8 here, with chorus not loaded at
+        # all); the comparison is about the results, which are in.
+        os._exit(0)
     if dist.is_initialized():
         dist.destroy_process_group()
