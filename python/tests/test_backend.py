@@ -7,7 +7,6 @@ Every rank runs in its own process; a test fails instead of hanging.
   PYTHONPATH=<build>/python/site CHORUSRUN=<build>/launcher/chorusrun \\
     .venv/bin/python python/tests/test_backend.py [-v] [-k PATTERN]"""
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
