@@ -14,6 +14,7 @@ dcp: torch.distributed.checkpoint save and load of the 100.7M-parameter MLP of
   state after one step (1.13 GiB over all ranks), to a fresh directory under $TMPDIR; median of 3.
 Prints rank 0's medians in ms, one line per case."""
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
@@ -45,9 +46,19 @@ def timed_pairs(step, local_step, pairs=30, warmup=5):
     return statistics.median(synced) * 1e3, statistics.median(local) * 1e3
 
 
-def batch():
+def timed_steps(model, opt, backward, no_sync):
+    """timed_pairs of a training step and the same step inside `no_sync()`, through the library's
+    `backward`."""
     g = torch.Generator().manual_seed(dist.get_rank())
-    return torch.randn(64, 2048, generator=g), torch.randint(0, 10, (64,), generator=g)
+    x, y = torch.randn(64, 2048, generator=g), torch.randint(0, 10, (64,), generator=g)
+
+    def step(sync=True):
+        opt.zero_grad()
+        with contextlib.nullcontext() if sync else no_sync():
+            backward(nn.functional.cross_entropy(model(x), y))
+        opt.step()
+
+    return timed_pairs(step, lambda: step(sync=False))
 
 
 def fabric_case(backend):
@@ -60,20 +71,7 @@ def fabric_case(backend):
     torch.manual_seed(0)
     model = reference_mlp()
     model, opt = fabric.setup(model, torch.optim.SGD(model.parameters(), lr=0.01))
-    x, y = batch()
-
-    def step():
-        opt.zero_grad()
-        fabric.backward(nn.functional.cross_entropy(model(x), y))
-        opt.step()
-
-    def local_step():
-        opt.zero_grad()
-        with fabric.no_backward_sync(model):
-            fabric.backward(nn.functional.cross_entropy(model(x), y))
-        opt.step()
-
-    return timed_pairs(step, local_step)
+    return timed_steps(model, opt, fabric.backward, lambda: fabric.no_backward_sync(model))
 
 
 def accelerate_case(backend):
@@ -84,20 +82,7 @@ def accelerate_case(backend):
     torch.manual_seed(0)
     model = reference_mlp()
     model, opt = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.01))
-    x, y = batch()
-
-    def step():
-        opt.zero_grad()
-        accelerator.backward(nn.functional.cross_entropy(model(x), y))
-        opt.step()
-
-    def local_step():
-        opt.zero_grad()
-        with accelerator.no_sync(model):
-            accelerator.backward(nn.functional.cross_entropy(model(x), y))
-        opt.step()
-
-    return timed_pairs(step, local_step)
+    return timed_steps(model, opt, accelerator.backward, lambda: accelerator.no_sync(model))
 
 
 def dcp_case(backend):

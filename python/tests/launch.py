@@ -29,6 +29,20 @@ class Namespace:
                               env=env, timeout=timeout, cwd=cwd)
 
 
+class InNamespace(unittest.TestCase):
+    """A test class whose launched programs run in a namespace of its own (`self.netns`)."""
+
+    tag = "launch"
+
+    @classmethod
+    def setUpClass(cls):
+        cls.netns = Namespace(cls.tag)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.netns.remove()
+
+
 def torchrun(nproc):
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
 

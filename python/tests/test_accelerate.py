@@ -16,14 +16,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "accelerate_on_chorus.py")
 
 
-class Accelerate(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.netns = launch.Namespace("accelerate")
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.netns.remove()
+class Accelerate(launch.InNamespace):
+    tag = "accelerate"
 
     def launched(self, what, backend="chorus", launcher=None, world=2):
         env = dict(os.environ, BACKEND=backend)

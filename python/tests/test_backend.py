@@ -321,17 +321,11 @@ SPAWNED = textwrap.dedent("""
 """)
 
 
-class Launchers(unittest.TestCase):
+class Launchers(launch.InNamespace):
     """The launched programs meet on torch's TCPStore, which listens on every address: each runs
     in a network namespace of its own whose only interface is loopback."""
 
-    @classmethod
-    def setUpClass(cls):
-        cls.netns = launch.Namespace("py")
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.netns.remove()
+    tag = "py"
 
     def run_script(self, script, launcher):
         with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:

@@ -16,14 +16,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "fabric_on_chorus.py")
 
 
-class Fabric(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.netns = launch.Namespace("fabric")
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.netns.remove()
+class Fabric(launch.InNamespace):
+    tag = "fabric"
 
     def run_fabric(self, args, world=2, launcher=None, env=None, ok=True):
         """Fabric launches the ranks itself unless `launcher` (launch.torchrun, launch.chorusrun)."""
