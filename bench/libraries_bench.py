@@ -7,8 +7,9 @@ fabric, accelerate: a DDP training step on the reference MLP of ../shared/anchor
   (Linear(2048,2048)-ReLU x3, Linear(2048,10); batch 64 per rank, SGD), through Fabric
   (DDPStrategy(process_group_backend=...)) or Accelerate (the group started first, then
   Accelerator(cpu=True)); the step and the step under no_sync (Fabric's no_backward_sync,
-  Accelerate's no_sync) interleaved, 5 warm-up and 30 timed pairs; exposed communication = the
-  step minus the no_sync step.
+  Accelerate's no_sync), in interleaved blocks of 5 steps (2 warm-up and 8 timed blocks of each;
+  the slowest rank's time per step, median over blocks); exposed communication = the step minus
+  the no_sync step.
 dcp: torch.distributed.checkpoint save and load of the 100.7M-parameter MLP of
   ../shared/anchors/torch_zero_bench.py, FSDP2-sharded (fully_shard per Linear), with Adam's
   state after one step (1.13 GiB over all ranks), to a fresh directory under $TMPDIR; median of 3.
@@ -34,16 +35,24 @@ def reference_mlp():
                          nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 10))
 
 
-def timed_pairs(step, local_step, pairs=30, warmup=5):
-    synced, local = [], []
-    for i in range(warmup + pairs):
-        for fn, times in ((step, synced), (local_step, local)):
+def timed_pairs(step, local_step, blocks=8, warmup=2, k=5):
+    """Per-step times of `step` and `local_step`, each run in blocks of k steps that start together
+    after a barrier, the two kinds interleaved: the median over blocks of the slowest rank's
+    block time / k. With more ranks than cores, one step after a barrier would time how the
+    barrier happened to release the ranks (a rank released first computes alone for a while);
+    a block of steps times what training runs at."""
+    times = {step: [], local_step: []}
+    for i in range(warmup + blocks):
+        for fn in (step, local_step):
             dist.barrier()
             t0 = time.perf_counter()
-            fn()
+            for _ in range(k):
+                fn()
+            slowest = torch.tensor([(time.perf_counter() - t0) / k], dtype=torch.float64)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
             if i >= warmup:
-                times.append(time.perf_counter() - t0)
-    return statistics.median(synced) * 1e3, statistics.median(local) * 1e3
+                times[fn].append(slowest.item())
+    return statistics.median(times[step]) * 1e3, statistics.median(times[local_step]) * 1e3
 
 
 def timed_steps(model, opt, backward, no_sync):
