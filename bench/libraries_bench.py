@@ -12,7 +12,9 @@ fabric, accelerate: a DDP training step on the reference MLP of ../shared/anchor
   the no_sync step.
 dcp: torch.distributed.checkpoint save and load of the 100.7M-parameter MLP of
   ../shared/anchors/torch_zero_bench.py, FSDP2-sharded (fully_shard per Linear), with Adam's
-  state after one step (1.13 GiB over all ranks), to a fresh directory under $TMPDIR; median of 3.
+  state after one step (1.13 GiB over all ranks), to a fresh directory under $TMPDIR, after an
+  os.sync() (the pages a previous save left dirty would otherwise be written during this one);
+  median of 3.
 Prints rank 0's medians in ms, one line per case."""
 import argparse
 import contextlib
@@ -119,6 +121,8 @@ def dcp_case(backend):
     for _ in range(3):
         where = [tempfile.mkdtemp(prefix="chorus-dcp-") if dist.get_rank() == 0 else None]
         dist.broadcast_object_list(where)
+        if dist.get_rank() == 0:
+            os.sync()  # the last run's written pages leave first, so each save starts from a clean cache
         dist.barrier()
         t0 = time.perf_counter()
         dcp.save(state, checkpoint_id=where[0])

@@ -24,7 +24,7 @@ if _here != (_build.TORCH_VERSION, _build.TORCH_GIT_VERSION):
 
 from . import _C  # noqa: E402
 
-# Note [Exiting Python] (src/backend.cc): chorus's threads drop their references to Python's
+# Note [Exiting Python] (src/work.cc): chorus's threads drop their references to Python's
 # tensors before the interpreter finalizes.
 atexit.register(_C._exiting)
 

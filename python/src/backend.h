@@ -22,11 +22,6 @@ namespace chorus::python {
 
 class ChorusWork;
 
-// Note [Exiting Python] (backend.cc): waits up to `patience` until chorus's threads hold no
-// reference that Python would have to release, then makes them leak what they still hold. The
-// package calls it at exit, with the GIL released.
-void python_exiting(std::chrono::milliseconds patience);
-
 class ProcessGroupChorus : public c10d::Backend {
  public:
   ProcessGroupChorus(std::shared_ptr<chorus::ProcessGroup> pg, std::chrono::milliseconds timeout);

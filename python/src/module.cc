@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "work.h"
 
 namespace py = pybind11;
 

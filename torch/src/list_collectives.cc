@@ -26,19 +26,6 @@ std::string list_string(const std::vector<at::Tensor>& tensors) {
   return s;
 }
 
-void agree_on_list(Communicator& comm, const std::string& op, const std::string& call) {
-  uint64_t mine = 1469598103934665603ull;  // FNV-1a of the text
-  for (unsigned char ch : call) mine = (mine ^ ch) * 1099511628211ull;
-  std::vector<uint64_t> all(size_t(comm.size()));
-  comm.all_gather(&mine, all.data(), 1, DataType::Int64);
-  if (std::all_of(all.begin(), all.end(), [&](uint64_t h) { return h == all[0]; })) return;
-  const std::vector<std::string> calls = all_gather_strings(comm, call);
-  std::string lines;
-  for (size_t r = 0; r < calls.size(); ++r) lines += concat("\n  rank ", r, ": ", calls[r]);
-  throw CollectiveMismatch(
-      concat(op, " on group '", comm.name(), "': every rank must pass the same list of tensors:", lines), calls);
-}
-
 }  // namespace detail
 
 namespace {
@@ -106,7 +93,7 @@ Prepared all_reduce_coalesced_body(Communicator& comm, std::vector<at::Tensor>& 
   // One tensor: the core compares the one collective; any other count: the lists first.
   const bool check = tensors.size() != 1;
   return {{}, [&comm, groups, op, call, check, name] {
-            if (check) detail::agree_on_list(comm, name, call);
+            if (check) detail::require_same(comm, name, detail::kSameList, call);
             for (const Group& g : groups) {
               const Buffer& b = g.buffer;
               comm.all_reduce(b.data(), b.data(), b.count, b.dtype, op);
@@ -146,7 +133,7 @@ Prepared into_coalesced_body(Communicator& comm, const char* name, std::vector<a
   if (op) call += concat(", ", to_string(*op));
   call += ")";
   return {{}, [&comm, name, outs, in_bufs, targets, op, call, w] {
-            if (in_bufs.size() != 1) detail::agree_on_list(comm, name, call);
+            if (in_bufs.size() != 1) detail::require_same(comm, name, detail::kSameList, call);
             for (size_t i = 0; i < in_bufs.size(); ++i) {
               const Buffer& b = in_bufs[i];
               if (op)

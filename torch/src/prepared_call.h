@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "agreement.h"
 #include "chorus/process_group.h"
 #include "tensor_util.h"
 
@@ -65,9 +66,8 @@ std::string output_problem(const at::Tensor& out, const at::Tensor& t, int64_t w
 // Note [Agreeing on a list]: a coalesced call runs one core collective per tensor or per dtype,
 // and the core compares each of those between the ranks, but not how the lists split into them:
 // two ranks could pass [3, 5] and [5, 3] elements and get a wrong answer. So the body first
-// compares a fingerprint of `call` (the list as text) on every rank; when they differ, every rank
-// gathers the others' texts and raises CollectiveMismatch showing each rank's call.
-void agree_on_list(Communicator& comm, const std::string& op, const std::string& call);
+// requires the same `call` (the list as text) of every rank (require_same, agreement.h).
+inline constexpr const char* kSameList = "every rank must pass the same list of tensors";
 
 // "f32[2, 3], i64[4]"
 std::string list_string(const std::vector<at::Tensor>& tensors);

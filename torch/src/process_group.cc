@@ -155,15 +155,11 @@ Prepared all_gather_v_body(Communicator& comm, const at::Tensor& t) {
     calls.push_back(concat("all_gather_v(", c10::toString(type), detail::shape_string(shapes.back()), ")"));
     same = same && dims[size_t(r)] == dims[0] && heads[size_t(2 * r + 1)] == heads[1];
   }
-  if (!same) {
-    std::string lines;
-    for (int r = 0; r < w; ++r) lines += concat("\n  rank ", r, ": ", calls[size_t(r)]);
-    throw CollectiveMismatch(concat("all_gather_v on group '", comm.name(),
-                                    "': tensors may differ in size but must have the same number of dimensions and "
-                                    "dtype on every rank:",
-                                    lines),
-                             calls);
-  }
+  if (!same)
+    detail::throw_mismatch(comm, "all_gather_v",
+                           "tensors may differ in size but must have the same number of dimensions and dtype on "
+                           "every rank",
+                           std::move(calls));
   const size_t per = core_type(b.tensor.scalar_type())->per_element;
   std::vector<size_t> counts(static_cast<size_t>(w));
   size_t total = 0;

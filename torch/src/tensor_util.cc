@@ -1,7 +1,5 @@
 #include "tensor_util.h"
 
-#include <numeric>
-
 namespace chorus::detail {
 
 std::optional<CoreType> core_type(at::ScalarType type) {
@@ -63,23 +61,6 @@ at::Tensor alias_of(const at::Tensor& base, at::IntArrayRef sizes, int64_t offse
   impl->set_sizes_contiguous(sizes);
   impl->set_storage_offset(base.storage_offset() + offset);
   return at::Tensor(std::move(impl));
-}
-
-std::vector<std::string> all_gather_strings(Communicator& comm, const std::string& text) {
-  const size_t w = size_t(comm.size());
-  uint64_t mine = text.size();
-  std::vector<uint64_t> lengths(w);
-  comm.all_gather(&mine, lengths.data(), 1, DataType::Int64);
-  std::vector<size_t> counts(lengths.begin(), lengths.end());
-  std::string all(std::accumulate(counts.begin(), counts.end(), size_t(0)), '\0');
-  comm.all_gather_v(text.data(), all.data(), counts, DataType::UInt8);
-  std::vector<std::string> out;
-  size_t at = 0;
-  for (size_t n : counts) {
-    out.push_back(all.substr(at, n));
-    at += n;
-  }
-  return out;
 }
 
 }  // namespace chorus::detail

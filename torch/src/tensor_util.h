@@ -44,10 +44,4 @@ at::Tensor alias_of(const at::Tensor& base, at::IntArrayRef sizes, at::IntArrayR
 // Elements of the core dtype that carry t.
 inline size_t core_count(const at::Tensor& t) { return size_t(t.numel()) * core_type(t.scalar_type())->per_element; }
 
-// Every rank's `text` (all_gather_v of its bytes). Collective.
-std::vector<std::string> all_gather_strings(Communicator& comm, const std::string& text);
-inline std::vector<std::string> all_gather_strings(ProcessGroup& group, const std::string& text) {
-  return all_gather_strings(group.communicator(), text);
-}
-
 }  // namespace chorus::detail

@@ -313,6 +313,23 @@ TEST(Checkpoint, BadCheckpointsAreNamedOnEveryRank) {
   fs::remove_all(dir);
 }
 
+// Ranks that save different states: every rank raises CollectiveMismatch showing each rank's
+// first differing line, and nothing is written.
+TEST(Checkpoint, RanksSavingDifferentStatesAreAMismatchShowingEachRanksLine) {
+  const std::string dir = scratch("mismatch");
+  run_world(2, [&] {
+    auto m = std::make_shared<torch::nn::Module>();
+    m->register_module("l1", torch::nn::Linear(7, default_group()->rank() == 1 ? 16 : 15));
+    std::string what = RANK_EXPECT_THROW(CollectiveMismatch, save_checkpoint(dir + "/m", {{"model", m}}));
+    RANK_CHECK(what.find("save_checkpoint on group 'world': every rank must save the same state") != std::string::npos,
+               what);
+    RANK_CHECK(what.find("rank 0: model/l1.weight Float[15, 7]") != std::string::npos, what);
+    RANK_CHECK(what.find("rank 1: model/l1.weight Float[16, 7]") != std::string::npos, what);
+    RANK_CHECK(!fs::exists(dir + "/m"));
+  });
+  fs::remove_all(dir);
+}
+
 // A rank killed at any moment of a save: the path then holds the previous checkpoint or the new
 // one, whole; never a mix, never nothing.
 TEST(Checkpoint, AKilledRankNeverLeavesAHalfWrittenCheckpoint) {

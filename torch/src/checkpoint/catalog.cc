@@ -15,16 +15,16 @@
 // ShardedDataParallel, one whose parameters a DDP holds is split, so passing a module or its
 // wrapper is the same. An optimizer's parameters are named after the modules in the same state
 // (a shard by its parameter's name); others by position ("<item>.group<g>.param<k>").
-#include "catalog.h"
+#include "checkpoint/catalog.h"
 
 #include <torch/optim.h>
 
 #include <unordered_map>
 
-#include "../replicas.h"
-#include "../sharded/param_kernel.h"
-#include "../sharded/state.h"
-#include "optimizers.h"
+#include "checkpoint/optimizers.h"
+#include "replicas.h"
+#include "sharded/param_kernel.h"
+#include "sharded/state.h"
 
 namespace chorus {
 

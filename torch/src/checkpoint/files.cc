@@ -8,7 +8,7 @@
 // Small files (the metadata) are sealed: a magic line, the payload's length and XXH3-64, then the
 // payload, so a truncated or damaged file is recognised before it is parsed. Tensor bytes carry
 // their own checksums in the metadata.
-#include "files.h"
+#include "checkpoint/files.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -22,7 +22,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#include "../tensor_util.h"
+#include "tensor_util.h"
 
 namespace chorus::detail::checkpoint {
 
@@ -203,30 +203,6 @@ std::vector<char> read_whole(const std::string& path) {
   std::vector<char> bytes(size_t(f.size()));
   f.read_at(bytes.data(), bytes.size(), 0);
   return bytes;
-}
-
-void agree(ProcessGroup& group, const std::function<void()>& fn) {
-  std::string mine;
-  try {
-    fn();
-  } catch (const InvalidArgument& e) {
-    mine = concat("I", e.what());
-  } catch (const std::exception& e) {
-    mine = concat("E", e.what());
-  }
-  const std::vector<std::string> all = all_gather_strings(group, mine);
-  std::string failed;
-  int first = -1;
-  for (int r = 0; r < int(all.size()); ++r) {
-    if (all[size_t(r)].empty()) continue;
-    if (first < 0) first = r;
-    failed += concat(failed.empty() ? "" : ", ", r);
-  }
-  if (first < 0) return;
-  const std::string& e = all[size_t(first)];
-  const std::string what = all.size() == 1 ? e.substr(1) : concat(e.substr(1), " (failed on rank ", failed, ")");
-  if (e[0] == 'I') throw InvalidArgument(what);
-  throw Error(what);
 }
 
 }  // namespace chorus::detail::checkpoint

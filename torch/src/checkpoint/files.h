@@ -54,9 +54,4 @@ std::vector<char> seal(const std::vector<char>& payload);
 std::vector<char> open_sealed(const std::vector<char>& bytes, const std::string& path);
 std::vector<char> read_whole(const std::string& path);
 
-// Runs fn on this rank, then every rank learns whether any failed: if one did, all throw (an
-// InvalidArgument when the failing rank's was one) with the first failing rank's message and
-// which ranks failed. Collective.
-void agree(ProcessGroup& group, const std::function<void()>& fn);
-
 }  // namespace chorus::detail::checkpoint

@@ -10,10 +10,11 @@
 #include <iostream>
 #include <map>
 
-#include "../tensor_util.h"
-#include "catalog.h"
-#include "files.h"
-#include "meta.h"
+#include "agreement.h"
+#include "checkpoint/catalog.h"
+#include "checkpoint/files.h"
+#include "checkpoint/meta.h"
+#include "tensor_util.h"
 
 namespace chorus {
 
@@ -173,7 +174,7 @@ c10::impl::GenericDict load_checkpoint(const std::string& path, const Checkpoint
   std::shared_ptr<ProcessGroup> group = options.group ? options.group : default_group();
   const int world = group->size(), rank = group->rank();
   Meta meta;
-  agree(*group, [&] { meta = read_meta(path); });
+  detail::fail_together(group->communicator(), [&] { meta = read_meta(path); });
   std::map<std::string, int64_t> saved;
   std::map<std::string, at::ScalarType> dtypes;
   for (size_t i = 0; i < meta.tensors.size(); ++i) {
@@ -183,13 +184,13 @@ c10::impl::GenericDict load_checkpoint(const std::string& path, const Checkpoint
   std::unique_ptr<LoadCatalog> lc;
   std::vector<int64_t> use;
   Reader reader(path, meta);
-  agree(*group, [&] {
+  detail::fail_together(group->communicator(), [&] {
     lc = std::make_unique<LoadCatalog>(state, dtypes);
     use = match(path, meta, state, *lc, saved, options.strict);
   });
-  agree(*group, [&] { reader.verify(rank, world); });
+  detail::fail_together(group->communicator(), [&] { reader.verify(rank, world); });
   c10::impl::GenericDict rest(c10::StringType::get(), c10::AnyType::get());
-  agree(*group, [&] {
+  detail::fail_together(group->communicator(), [&] {
     std::map<std::string, at::Tensor> loaded;
     const auto& slots = lc->catalog().slots;
     for (size_t i = 0; i < slots.size(); ++i) {

@@ -6,14 +6,14 @@
 // and each rank's RNG state. A sharded checkpoint keeps it in the sealed file "metadata" of its
 // directory (Note [Checkpoint files]); a full one in the zip record "chorus/metadata" beside
 // torch.save's "data.pkl", whose tensors are records "data/<i>" (tensor i of the metadata).
-#include "meta.h"
+#include "checkpoint/meta.h"
 
 #include <caffe2/serialize/inline_container.h>
 #include <torch/serialize.h>
 
 #include <filesystem>
 
-#include "files.h"
+#include "checkpoint/files.h"
 
 namespace chorus::detail::checkpoint {
 

@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "catalog.h"
+#include "checkpoint/catalog.h"
 
 namespace chorus::detail::checkpoint {
 

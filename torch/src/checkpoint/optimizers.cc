@@ -1,10 +1,10 @@
 // Optimizer state for checkpoints: each LibTorch optimizer's options and per-parameter state as
 // names, tensors and numbers, and back (optimizers.h).
-#include "optimizers.h"
+#include "checkpoint/optimizers.h"
 
 #include <torch/optim.h>
 
-#include "../tensor_util.h"
+#include "tensor_util.h"
 
 namespace chorus::detail::checkpoint {
 

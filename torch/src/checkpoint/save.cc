@@ -7,7 +7,7 @@
 //   Full: rank 0 writes a zip in torch.save's layout, tensor by tensor; a sharded tensor is
 //   gathered onto rank 0 just before it is written and dropped after, so rank 0 holds its shards
 //   and one parameter more. The zip is written under a temporary name and renamed.
-// Every rank writes or fails together: a failure anywhere is an error on every rank (agree()), and
+// Every rank writes or fails together: a failure anywhere is an error on every rank (detail::fail_together, Note [Agreement]), and
 // the checkpoint that was at the path stays as it was.
 #include <ATen/CPUGeneratorImpl.h>
 #include <caffe2/serialize/inline_container.h>
@@ -21,10 +21,11 @@
 #include <sstream>
 #include <unordered_map>
 
-#include "../tensor_util.h"
-#include "catalog.h"
-#include "files.h"
-#include "meta.h"
+#include "agreement.h"
+#include "checkpoint/catalog.h"
+#include "checkpoint/files.h"
+#include "checkpoint/meta.h"
+#include "tensor_util.h"
 
 #ifndef CHORUS_VERSION
 #define CHORUS_VERSION "unknown"
@@ -71,7 +72,7 @@ std::string save_id(ProcessGroup& group) {
     std::random_device rd;
     mine = concat(std::hex, rd(), rd());
   }
-  return detail::all_gather_strings(group, mine)[0];
+  return detail::all_gather_strings(group.communicator(), mine)[0];
 }
 
 // The part of slot s that this rank writes: contiguous bytes starting at element `begin`.
@@ -110,7 +111,7 @@ void save_sharded(const std::string& path, const Catalog& c, ProcessGroup& group
   const std::string mine = (fs::path(path) / meta.files[size_t(rank)]).string();
   std::string hashes;
   try {
-    agree(group, [&] {
+    detail::fail_together(group.communicator(), [&] {
       fs::create_directories(path);
       File f = File::create(mine);
       for (size_t i = 0; i < c.slots.size(); ++i)
@@ -127,9 +128,9 @@ void save_sharded(const std::string& path, const Catalog& c, ProcessGroup& group
     fs::remove(mine);
     throw;
   }
-  const std::vector<std::string> all = detail::all_gather_strings(group, hashes);
+  const std::vector<std::string> all = detail::all_gather_strings(group.communicator(), hashes);
   meta.rng = gather_rng(group);
-  agree(group, [&] {
+  detail::fail_together(group.communicator(), [&] {
     if (rank != 0) return;
     std::vector<size_t> taken(static_cast<size_t>(world), 0);
     std::vector<std::vector<uint64_t>> by_rank(static_cast<size_t>(world));
@@ -165,7 +166,7 @@ void save_full(const std::string& path, const Catalog& c, ProcessGroup& group) {
   std::unique_ptr<File> file;
   std::unique_ptr<caffe2::serialize::PyTorchStreamWriter> zip;
   int64_t pos = 0;
-  std::exception_ptr error;  // rank 0's: it keeps taking part in the gathers, then agree() tells everyone
+  std::exception_ptr error;  // rank 0's: it keeps taking part in the gathers, then fail_together tells everyone
   auto on_rank0 = [&](const std::function<void()>& fn) {
     if (rank != 0 || error) return;
     try {
@@ -235,7 +236,7 @@ void save_full(const std::string& path, const Catalog& c, ProcessGroup& group) {
     file.reset();
     fs::remove(tmp);
   }
-  agree(group, [&] {
+  detail::fail_together(group.communicator(), [&] {
     if (error) std::rethrow_exception(error);
   });
 }
@@ -254,23 +255,12 @@ std::string outline(const Catalog& c) {
 void save_checkpoint(const std::string& path, const CheckpointState& state, SaveOptions options) {
   std::shared_ptr<ProcessGroup> group = options.group ? options.group : default_group();
   Catalog c;
-  agree(*group, [&] {
+  detail::fail_together(group->communicator(), [&] {
     c = catalog_for_save(state);
     check_slots(c, group->size());
   });
-  const std::string mine = outline(c);
-  const std::vector<std::string> all = detail::all_gather_strings(*group, mine);
-  for (size_t r = 0; r < all.size(); ++r) {
-    if (all[r] == all[0]) continue;
-    size_t at = 0;  // the first line that differs
-    while (at < all[r].size() && at < all[0].size() && all[r][at] == all[0][at]) ++at;
-    const size_t line = all[0].rfind('\n', at == 0 ? 0 : at - 1);
-    const size_t from = line == std::string::npos || at == 0 ? 0 : line + 1;
-    auto cut = [&](const std::string& x) { return x.substr(from, x.find('\n', from) - from); };
-    throw CollectiveMismatch(concat("save_checkpoint: the ranks' states differ: rank 0 has '", cut(all[0]),
-                                    "' where rank ", r, " has '", cut(all[r]), "'"),
-                             all);
-  }
+  detail::require_same(group->communicator(), "save_checkpoint",
+                       "every rank must save the same state (item and tensor names, dtypes, shapes)", outline(c));
   const bool full =
       options.format == CheckpointFormat::Full || (options.format == CheckpointFormat::Auto && !c.sharded);
   if (full)

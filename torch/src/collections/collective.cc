@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 
+#include "agreement.h"
 #include "chorus/accelerate.h"
 #include "collections/tree.h"
 #include "tensor_util.h"
@@ -133,36 +134,8 @@ c10::IValue rebuild(const c10::IValue& data, const std::vector<at::Tensor>& leav
 
 // CollectiveMismatch on every rank unless every rank has the same signature.
 void agree(ProcessGroup& g, const std::string& signature, const char* what) {
-  Communicator& comm = g.communicator();
-  const int w = g.size();
-  if (w == 1) return;
-  const uint64_t mine = std::hash<std::string>{}(signature);
-  std::vector<uint64_t> all(static_cast<size_t>(w));
-  comm.all_gather(&mine, all.data(), 1, DataType::Int64);
-  bool same = true;
-  for (uint64_t h : all) same = same && h == mine;
-  if (same) return;
-  std::vector<size_t> lengths(static_cast<size_t>(w));
-  uint64_t n = signature.size();
-  std::vector<uint64_t> ns(static_cast<size_t>(w));
-  comm.all_gather(&n, ns.data(), 1, DataType::Int64);
-  size_t total = 0;
-  for (int r = 0; r < w; ++r) total += lengths[size_t(r)] = ns[size_t(r)];
-  std::string texts(total, '\0');
-  comm.all_gather_v(signature.data(), texts.data(), lengths, DataType::UInt8);
-  std::vector<std::string> calls;
-  std::string lines;
-  size_t at = 0;
-  for (int r = 0; r < w; ++r) {
-    calls.push_back(texts.substr(at, lengths[size_t(r)]));
-    at += lengths[size_t(r)];
-    const std::string_view call = calls.back();
-    lines += concat("\n  rank ", r, ": ", call.substr(0, 300), call.size() > 300 ? "..." : "");
-  }
-  throw CollectiveMismatch(
-      concat(what, " on group '", g.name(),
-             "': the ranks passed collections that differ in structure, keys, dtypes or shapes:", lines),
-      calls);
+  detail::require_same(g.communicator(), what,
+                       "the ranks passed collections that differ in structure, keys, dtypes or shapes", signature);
 }
 
 // Structure-only checks, after agree(): the same verdict on every rank.

@@ -19,7 +19,7 @@
 // synchronized backward reduces their sum.
 #include <torch/csrc/autograd/engine.h>
 
-#include "state.h"
+#include "sharded/state.h"
 
 namespace chorus::detail {
 

@@ -20,9 +20,10 @@
 #include <algorithm>
 #include <iostream>
 
-#include "param_kernel.h"
+#include "agreement.h"
 #include "replicas.h"
-#include "state.h"
+#include "sharded/param_kernel.h"
+#include "sharded/state.h"
 #include "tensor_util.h"
 
 namespace chorus {
@@ -126,15 +127,9 @@ void GatheredParameters::enter(std::vector<at::Tensor> params, std::optional<int
       }
       std::vector<std::string> names;
       for (size_t i : e->indices) names.push_back(e->state->param(i).name);
-      const std::string mine = describe_list(names, e->modifier);
-      std::vector<std::string> all = detail::all_gather_strings(e->state->group(), mine);
-      if (std::any_of(all.begin(), all.end(), [&](const std::string& s) { return s != mine; })) {
-        std::string shown;
-        for (size_t r = 0; r < all.size(); ++r) shown += concat("\n  rank ", r, ": ", all[r]);
-        throw CollectiveMismatch(concat("GatheredParameters: the ranks of group '", e->state->group().name(),
-                                        "' entered with different parameters:", shown),
-                                 all);
-      }
+      detail::require_same(e->state->group().communicator(), "GatheredParameters",
+                           "every rank must enter with the same parameters and modifier_rank",
+                           describe_list(names, e->modifier));
       entries_.push_back(e);
       e->state->hold(e->indices);
       e->held = true;

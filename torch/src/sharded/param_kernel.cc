@@ -19,14 +19,14 @@
 // Operators run above the backend key (autograd, CompositeImplicitAutograd decompositions) are
 // untouched, so gradients flow as on any CPU tensor. Outputs are ordinary CPU tensors: kernels
 // allocate them from the parameter's options, whose device is the CPU.
-#include "param_kernel.h"
+#include "sharded/param_kernel.h"
 
 #include <torch/library.h>
 
 #include <mutex>
 #include <unordered_map>
 
-#include "state.h"
+#include "sharded/state.h"
 
 namespace chorus::detail {
 

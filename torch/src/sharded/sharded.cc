@@ -2,7 +2,7 @@
 // DistributedDataParallel (NoShard).
 #include "chorus/sharded.h"
 
-#include "state.h"
+#include "sharded/state.h"
 #include "tensor_util.h"
 
 namespace chorus {

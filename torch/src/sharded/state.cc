@@ -17,7 +17,7 @@
 // Collectives follow the order in which this rank's model uses its units, so every rank issues
 // the same collectives as long as the ranks run the same model code (as for FSDP); if they do
 // not, chorus's call check raises CollectiveMismatch instead of a hang.
-#include "state.h"
+#include "sharded/state.h"
 
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -28,7 +28,7 @@
 #include <atomic>
 #include <unordered_map>
 
-#include "param_kernel.h"
+#include "sharded/param_kernel.h"
 #include "tensor_util.h"
 
 namespace chorus::detail {
