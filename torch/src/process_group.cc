@@ -1,11 +1,8 @@
 // ProcessGroup: the collectives of the C++ API, each written once (Note [One body per collective],
-// prepared_call.h), and the default group. torch.distributed's list and coalesced forms live in
-// list_collectives.cc.
+// prepared_call.h). torch.distributed's list and coalesced forms live in list_collectives.cc, the
+// default group in default_group.cc.
 #include "chorus/process_group.h"
 
-#include <mutex>
-
-#include "chorus/core/rendezvous.h"
 #include "prepared_call.h"
 
 namespace chorus {
@@ -375,70 +372,6 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(const std::vector<int>& ranks)
   std::vector<int> global;
   for (int r : ranks) global.push_back(global_rank(r));
   return std::make_shared<ProcessGroup>(child, global);
-}
-
-// ---- the default group ------------------------------------------------------------------
-
-namespace {
-std::mutex g_mu;
-std::shared_ptr<ProcessGroup> g_default;
-Environment g_env;
-}  // namespace
-
-std::shared_ptr<ProcessGroup> init_process_group(const Environment& env, InitOptions options) {
-  std::lock_guard<std::mutex> lock(g_mu);
-  if (g_default) return g_default;
-  auto store = connect_store(env);
-  CommunicatorOptions co;
-  co.backend = options.backend;
-  co.timeout = options.timeout;
-  co.name = "world";
-  auto comm = Communicator::create(store, env.rank, env.world_size, co);
-  std::vector<int> ranks(size_t(env.world_size));
-  for (int r = 0; r < env.world_size; ++r) ranks[size_t(r)] = r;
-  g_env = env;
-  g_default = std::make_shared<ProcessGroup>(comm, ranks);
-  return g_default;
-}
-
-std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
-  {
-    std::lock_guard<std::mutex> lock(g_mu);
-    if (g_default) return g_default;
-  }
-  return init_process_group(Environment::detect(), options);
-}
-
-std::shared_ptr<ProcessGroup> default_group() {
-  std::lock_guard<std::mutex> lock(g_mu);
-  if (!g_default)
-    throw Error(
-        "chorus: the default process group is not initialized: call chorus::init_process_group() "
-        "(or Fabric::launch()) first");
-  return g_default;
-}
-
-bool is_initialized() {
-  std::lock_guard<std::mutex> lock(g_mu);
-  return g_default != nullptr;
-}
-
-Environment environment() {
-  std::lock_guard<std::mutex> lock(g_mu);
-  return g_default ? g_env : Environment();
-}
-
-void destroy_process_group() {
-  std::lock_guard<std::mutex> lock(g_mu);
-  g_default.reset();
-  g_env = Environment();
-}
-
-std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks) { return default_group()->split(ranks); }
-
-ProcessGroup& group_or_default(const std::shared_ptr<ProcessGroup>& group) {
-  if (group) return *group;
-  return *default_group();
 }
 
 }  // namespace chorus

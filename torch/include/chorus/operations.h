@@ -1,5 +1,0 @@
-// Deprecated: this header's declarations moved to chorus/accelerate.h (named after its section in
-// docs/api.md). Include chorus/chorus.h, the one public include.
-#pragma once
-
-#include "chorus/accelerate.h"
