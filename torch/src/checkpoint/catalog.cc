@@ -24,6 +24,7 @@
 #include "checkpoint/optimizers.h"
 #include "replicas.h"
 #include "sharded/param_kernel.h"
+#include "sharded/shard_range.h"
 #include "sharded/state.h"
 
 namespace chorus {
@@ -68,9 +69,9 @@ using Dict = c10::impl::GenericDict;
 
 std::pair<int64_t, int64_t> part_of(const Slot& s, int rank, int world) {
   if (s.layout == Layout::Replicated) return rank == 0 ? std::make_pair(int64_t(0), s.numel) : std::make_pair(0L, 0L);
-  const int64_t S = s.layout == Layout::Sharded ? s.shard_numel : (s.numel + world - 1) / world;
-  const int64_t begin = std::min(s.numel, rank * S);
-  return {begin, std::min(s.numel, begin + S)};
+  const ShardRange r =
+      shard_range(s.numel, s.layout == Layout::Sharded ? s.shard_numel : shard_numel(s.numel, world), rank);
+  return {r.begin, r.end};
 }
 
 namespace {

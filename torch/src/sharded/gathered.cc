@@ -23,6 +23,7 @@
 #include "agreement.h"
 #include "replicas.h"
 #include "sharded/param_kernel.h"
+#include "sharded/shard_range.h"
 #include "sharded/state.h"
 #include "tensor_util.h"
 
@@ -237,19 +238,17 @@ std::string ShardedState::release(const std::vector<size_t>& indices, std::optio
       Param& p = params_[i];
       at::Tensor values = p.full.narrow(0, 0, p.numel);
       group_->broadcast_(values, *modifier_rank);
-      const int64_t begin = std::min<int64_t>(p.numel, rank_ * p.shard_numel);
-      const int64_t end = std::min<int64_t>(p.numel, begin + p.shard_numel);
-      if (end > begin) p.shard.detach().narrow(0, 0, end - begin).copy_(values.narrow(0, begin, end - begin));
+      const ShardRange mine = shard_range(p.numel, p.shard_numel, rank_);
+      if (mine.size() > 0) p.shard.detach().narrow(0, 0, mine.size()).copy_(values.narrow(0, mine.begin, mine.size()));
     }
   } else {
     at::Tensor changed = at::zeros({int64_t(indices.size())}, at::kByte);
     for (size_t k = 0; k < indices.size(); ++k) {
       Param& p = params_[indices[k]];
       const int64_t version = int64_t(p.param.unsafeGetTensorImpl()->version_counter().current_version());
-      const int64_t begin = std::min<int64_t>(p.numel, rank_ * p.shard_numel);
-      const int64_t end = std::min<int64_t>(p.numel, begin + p.shard_numel);
-      const bool differs =
-          end > begin && !p.full.narrow(0, begin, end - begin).equal(p.shard.detach().narrow(0, 0, end - begin));
+      const ShardRange mine = shard_range(p.numel, p.shard_numel, rank_);
+      const bool differs = mine.size() > 0 &&
+                           !p.full.narrow(0, mine.begin, mine.size()).equal(p.shard.detach().narrow(0, 0, mine.size()));
       changed.data_ptr<uint8_t>()[k] = version != p.version_at_hold || differs;
     }
     at::Tensor all = group_->all_gather(changed);  // (W, k)

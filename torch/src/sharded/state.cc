@@ -29,6 +29,7 @@
 #include <unordered_map>
 
 #include "sharded/param_kernel.h"
+#include "sharded/shard_range.h"
 #include "tensor_util.h"
 
 namespace chorus::detail {
@@ -103,11 +104,10 @@ void ShardedState::shard(torch::nn::Module& module, const std::vector<std::share
     s.name = item.key();
     s.param = item.value();
     s.numel = p.numel();
-    s.shard_numel = (s.numel + world_ - 1) / world_;
+    s.shard_numel = shard_numel(s.numel, world_);
     s.shard = at::zeros({s.shard_numel}, p.options().requires_grad(false));
-    const int64_t begin = std::min<int64_t>(s.numel, rank_ * s.shard_numel);
-    const int64_t end = std::min<int64_t>(s.numel, begin + s.shard_numel);
-    if (end > begin) s.shard.narrow(0, 0, end - begin).copy_(p.reshape({-1}).narrow(0, begin, end - begin));
+    const ShardRange mine = shard_range(s.numel, s.shard_numel, rank_);
+    if (mine.size() > 0) s.shard.narrow(0, 0, mine.size()).copy_(p.reshape({-1}).narrow(0, mine.begin, mine.size()));
     s.shard.set_requires_grad(p.requires_grad());
     auto it = unit_of.find(p.unsafeGetTensorImpl());
     s.unit = it == unit_of.end() ? 0 : it->second;
