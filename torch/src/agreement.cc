@@ -9,8 +9,9 @@
 //     per rank. Texts of several lines (a checkpoint's outline) show the first line where a rank
 //     differs from rank 0; any text is cut at 300 characters.
 //   - fail_together: a step that runs user code or touches files (reading a checkpoint's
-//     metadata, building a catalog) runs on every rank, its exception caught; the ranks exchange
-//     the messages and all throw the first failing rank's, naming every rank it failed on.
+//     metadata, building a catalog) runs on every rank, whatever it throws caught; the ranks
+//     exchange the messages and all throw the first failing rank's, naming every rank it failed
+//     on (DCP's _DistWrapper does the same for its steps).
 #include "agreement.h"
 
 #include <algorithm>
@@ -89,9 +90,7 @@ void throw_mismatch(Communicator& comm, const std::string& what, const std::stri
     std::string_view t = lines ? line_of(texts[r], line) : std::string_view(texts[r]);
     shown += concat("\n  rank ", r, ": ", t.substr(0, kShownChars), t.size() > kShownChars ? "..." : "");
   }
-  throw CollectiveMismatch(
-      concat(what, " on group '", comm.name(), "': ", rule, lines ? concat(" (line ", line + 1, ")") : "", ":", shown),
-      std::move(texts));
+  throw CollectiveMismatch(concat(what, " on group '", comm.name(), "': ", rule, ":", shown), std::move(texts));
 }
 
 void fail_together(Communicator& comm, const std::function<void()>& fn) {
@@ -102,6 +101,8 @@ void fail_together(Communicator& comm, const std::function<void()>& fn) {
     mine = concat("I", e.what());
   } catch (const std::exception& e) {
     mine = concat("E", e.what());
+  } catch (...) {  // still this rank's turn in the exchange below, or the others would wait for it
+    mine = "Ean exception that is not a std::exception";
   }
   const std::vector<std::string> all = all_gather_strings(comm, mine);
   std::string failed;
