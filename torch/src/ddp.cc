@@ -26,6 +26,7 @@
 
 #include <mutex>
 
+#include "grad_hooks.h"
 #include "replicas.h"
 #include "tensor_util.h"
 
@@ -49,7 +50,7 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
   std::vector<Bucket> buckets;
   std::vector<size_t> bucket_of, slot_of;
   std::vector<char> ready;
-  std::vector<std::pair<c10::intrusive_ptr<torch::autograd::Node>, uintptr_t>> hooks;
+  detail::GradReadyHooks hooks;
   std::vector<at::Tensor> buffers;  // module buffers, for broadcast_buffers
   CommHook hook;
   bool custom_hook = false, backward_seen = false, sync = true, finalizing_queued = false;
@@ -87,27 +88,13 @@ at::Tensor bucket_buffer(ProcessGroup& group, int64_t numel, const at::TensorOpt
 
 }  // namespace
 
-struct DistributedDataParallel::ReadyHook : torch::autograd::FunctionPostHook {
-  ReadyHook(std::weak_ptr<Reducer> r, size_t i) : reducer(std::move(r)), index(i) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list& /*inputs*/) override {
-    if (auto r = reducer.lock()) r->mark_ready(index);
-    return outputs;
-  }
-  std::weak_ptr<Reducer> reducer;
-  size_t index;
-};
-
 void DistributedDataParallel::Reducer::mark_ready(size_t i) {
   std::lock_guard<std::mutex> lock(mu);
   if (!sync) return;  // no_sync: gradients accumulate in .grad
   backward_seen = true;
   if (!finalizing_queued) {
     finalizing_queued = true;
-    std::weak_ptr<Reducer> self = weak_from_this();
-    torch::autograd::Engine::get_default_engine().queue_callback([self] {
-      if (auto r = self.lock()) r->finalize();
-    });
+    detail::at_backward_end(weak_from_this(), &Reducer::finalize);
   }
   if (ready[i]) return;  // a parameter used twice in the graph fires once per use
   ready[i] = 1;
@@ -257,16 +244,12 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   for (size_t i = 0; i < n; ++i) r.adopt_grad(i);
   r.hook = allreduce_hook(group_);
   detail::register_replicas(r.params, group_);
-  for (size_t i = 0; i < n; ++i) {
-    auto acc = torch::autograd::impl::grad_accumulator(r.params[i]);
-    const uintptr_t key = acc->add_post_hook(std::make_unique<ReadyHook>(reducer_, i));
-    r.hooks.emplace_back(std::move(acc), key);
-  }
+  for (size_t i = 0; i < n; ++i) r.hooks.add(r.params[i], std::weak_ptr<Reducer>(reducer_), &Reducer::mark_ready, i);
 }
 
 DistributedDataParallel::~DistributedDataParallel() {
   detail::unregister_replicas(reducer_->params);
-  for (auto& [acc, key] : reducer_->hooks) acc->del_post_hook(key);
+  reducer_->hooks.clear();
 }
 
 std::vector<std::vector<size_t>> DistributedDataParallel::bucket_layout() const {

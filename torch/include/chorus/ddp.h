@@ -76,8 +76,7 @@ class DistributedDataParallel {
 
  private:
   friend class NoSyncGuard;
-  struct Reducer;    // the gradient machinery (ddp.cc)
-  struct ReadyHook;  // tells the Reducer that a gradient is ready (ddp.cc)
+  struct Reducer;  // the gradient machinery (ddp.cc)
   std::shared_ptr<torch::nn::Module> module_;
   std::shared_ptr<ProcessGroup> group_;
   DDPOptions options_;

@@ -19,6 +19,7 @@
 // synchronized backward reduces their sum.
 #include <torch/csrc/autograd/engine.h>
 
+#include "grad_hooks.h"
 #include "sharded/state.h"
 
 namespace chorus::detail {
@@ -26,10 +27,7 @@ namespace chorus::detail {
 void ShardedState::queue_finalize() {
   if (finalize_queued_) return;
   finalize_queued_ = true;
-  std::weak_ptr<ShardedState> self = weak_from_this();
-  torch::autograd::Engine::get_default_engine().queue_callback([self] {
-    if (auto s = self.lock()) s->finalize_backward();
-  });
+  at_backward_end(weak_from_this(), &ShardedState::finalize_backward);
 }
 
 bool ShardedState::set_sync(bool sync) {

@@ -51,7 +51,7 @@ ShardedState::ShardedState(std::shared_ptr<ProcessGroup> group, ShardingStrategy
     : group_(std::move(group)), id_(next_id()), strategy_(strategy), prefetch_(prefetch) {}
 
 ShardedState::~ShardedState() {
-  for (auto& [acc, key] : hooks_) acc->del_post_hook(key);
+  hooks_.clear();
   for (size_t i = 0; i < params_.size(); ++i) {
     forget_sharded(params_[i].storage.get());
     params_[i].held = false;
@@ -125,20 +125,7 @@ void ShardedState::shard(torch::nn::Module& module, const std::vector<std::share
   // Gradient hooks (backward.cc), on accumulators this state keeps alive.
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!params_[i].param.requires_grad()) continue;
-    auto acc = torch::autograd::impl::grad_accumulator(params_[i].param);
-    std::weak_ptr<ShardedState> weak = self;
-    struct Ready : torch::autograd::FunctionPostHook {
-      Ready(std::weak_ptr<ShardedState> s, size_t i) : state(std::move(s)), index(i) {}
-      torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                                const torch::autograd::variable_list&) override {
-        if (auto s = state.lock()) s->on_grad_ready(index);
-        return outputs;
-      }
-      std::weak_ptr<ShardedState> state;
-      size_t index;
-    };
-    const uintptr_t key = acc->add_post_hook(std::make_unique<Ready>(weak, i));
-    hooks_.emplace_back(std::move(acc), key);
+    hooks_.add(params_[i].param, weak_from_this(), &ShardedState::on_grad_ready, i);
   }
   seen_in_forward_.assign(units_.size(), 0);
   int64_t largest = 0;

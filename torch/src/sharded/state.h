@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "chorus/sharded.h"
+#include "grad_hooks.h"
 
 namespace chorus::detail {
 
@@ -119,7 +120,7 @@ class ShardedState : public std::enable_shared_from_this<ShardedState> {
   std::vector<Param> params_;
   std::vector<Unit> units_;  // units_[0]: the root unit
   std::vector<at::Tensor> buffers_;
-  std::vector<std::pair<c10::intrusive_ptr<torch::autograd::Node>, uintptr_t>> hooks_;
+  GradReadyHooks hooks_;  // on_grad_ready after each gradient (backward.cc)
 
   mutable std::mutex mu_;
   bool in_forward_ = false, forward_grad_ = false;
