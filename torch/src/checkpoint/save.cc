@@ -7,8 +7,9 @@
 //   Full: rank 0 writes a zip in torch.save's layout, tensor by tensor; a sharded tensor is
 //   gathered onto rank 0 just before it is written and dropped after, so rank 0 holds its shards
 //   and one parameter more. The zip is written under a temporary name and renamed.
-// Every rank writes or fails together: a failure anywhere is an error on every rank (detail::fail_together, Note [Agreement]), and
-// the checkpoint that was at the path stays as it was.
+// Every rank writes or fails together: a failure anywhere is an error on every rank
+// (fail_together, Note [Agreement] in agreement.cc), and the checkpoint that was at the path
+// stays as it was.
 #include <ATen/CPUGeneratorImpl.h>
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/pickler.h>
