@@ -44,55 +44,64 @@ template <class State>
 Codec adam_like(const std::string& type, std::function<bool(optim::Optimizer&)> is,
                 std::function<Dict(optim::OptimizerOptions&)> options,
                 std::function<void(optim::OptimizerOptions&, const Dict&)> set_options) {
-  return Codec{type,
-               std::move(is),
-               std::move(options),
-               std::move(set_options),
-               [](optim::OptimizerParamState& s) {
-                 auto& a = static_cast<State&>(s);
-                 return Tensors{
-                     {"exp_avg", a.exp_avg()}, {"exp_avg_sq", a.exp_avg_sq()}, {"max_exp_avg_sq", a.max_exp_avg_sq()}};
-               },
-               [](optim::OptimizerParamState& s) { return static_cast<State&>(s).step(); },
-               [](const std::map<std::string, at::Tensor>& t, int64_t step) {
-                 auto s = std::make_unique<State>();
-                 s->step(step).exp_avg(take(t, "exp_avg")).exp_avg_sq(take(t, "exp_avg_sq"));
-                 s->max_exp_avg_sq(take(t, "max_exp_avg_sq"));
-                 return std::unique_ptr<optim::OptimizerParamState>(std::move(s));
-               }};
+  return Codec{.type = type,
+               .is = std::move(is),
+               .options = std::move(options),
+               .set_options = std::move(set_options),
+               .tensors =
+                   [](optim::OptimizerParamState& s) {
+                     auto& a = static_cast<State&>(s);
+                     return Tensors{{"exp_avg", a.exp_avg()},
+                                    {"exp_avg_sq", a.exp_avg_sq()},
+                                    {"max_exp_avg_sq", a.max_exp_avg_sq()}};
+                   },
+               .step = [](optim::OptimizerParamState& s) { return static_cast<State&>(s).step(); },
+               .make =
+                   [](const std::map<std::string, at::Tensor>& t, int64_t step) {
+                     auto s = std::make_unique<State>();
+                     s->step(step).exp_avg(take(t, "exp_avg")).exp_avg_sq(take(t, "exp_avg_sq"));
+                     s->max_exp_avg_sq(take(t, "max_exp_avg_sq"));
+                     return std::unique_ptr<optim::OptimizerParamState>(std::move(s));
+                   }};
 }
 
 const std::vector<Codec>& codecs() {
   static const std::vector<Codec> all = [] {
     std::vector<Codec> v;
-    v.push_back(Codec{"SGD", [](optim::Optimizer& o) { return dynamic_cast<optim::SGD*>(&o) != nullptr; },
-                      [](optim::OptimizerOptions& o) {
-                        auto& a = static_cast<optim::SGDOptions&>(o);
-                        Dict d = new_dict();
-                        d.insert("lr", a.lr());
-                        d.insert("momentum", a.momentum());
-                        d.insert("dampening", a.dampening());
-                        d.insert("weight_decay", a.weight_decay());
-                        d.insert("nesterov", a.nesterov());
-                        return d;
-                      },
-                      [](optim::OptimizerOptions& o, const Dict& d) {
-                        static_cast<optim::SGDOptions&>(o)
-                            .lr(num(d, "lr"))
-                            .momentum(num(d, "momentum"))
-                            .dampening(num(d, "dampening"))
-                            .weight_decay(num(d, "weight_decay"))
-                            .nesterov(d.at("nesterov").toBool());
-                      },
-                      [](optim::OptimizerParamState& s) {
-                        return Tensors{{"momentum_buffer", static_cast<optim::SGDParamState&>(s).momentum_buffer()}};
-                      },
-                      [](optim::OptimizerParamState&) { return int64_t(-1); },
-                      [](const std::map<std::string, at::Tensor>& t, int64_t) {
-                        auto s = std::make_unique<optim::SGDParamState>();
-                        s->momentum_buffer(take(t, "momentum_buffer"));
-                        return std::unique_ptr<optim::OptimizerParamState>(std::move(s));
-                      }});
+    v.push_back(
+        Codec{.type = "SGD",
+              .is = [](optim::Optimizer& o) { return dynamic_cast<optim::SGD*>(&o) != nullptr; },
+              .options =
+                  [](optim::OptimizerOptions& o) {
+                    auto& a = static_cast<optim::SGDOptions&>(o);
+                    Dict d = new_dict();
+                    d.insert("lr", a.lr());
+                    d.insert("momentum", a.momentum());
+                    d.insert("dampening", a.dampening());
+                    d.insert("weight_decay", a.weight_decay());
+                    d.insert("nesterov", a.nesterov());
+                    return d;
+                  },
+              .set_options =
+                  [](optim::OptimizerOptions& o, const Dict& d) {
+                    static_cast<optim::SGDOptions&>(o)
+                        .lr(num(d, "lr"))
+                        .momentum(num(d, "momentum"))
+                        .dampening(num(d, "dampening"))
+                        .weight_decay(num(d, "weight_decay"))
+                        .nesterov(d.at("nesterov").toBool());
+                  },
+              .tensors =
+                  [](optim::OptimizerParamState& s) {
+                    return Tensors{{"momentum_buffer", static_cast<optim::SGDParamState&>(s).momentum_buffer()}};
+                  },
+              .step = [](optim::OptimizerParamState&) { return int64_t(-1); },
+              .make =
+                  [](const std::map<std::string, at::Tensor>& t, int64_t) {
+                    auto s = std::make_unique<optim::SGDParamState>();
+                    s->momentum_buffer(take(t, "momentum_buffer"));
+                    return std::unique_ptr<optim::OptimizerParamState>(std::move(s));
+                  }});
     // AdamW derives from neither Adam nor the other way round: each is its own type.
     v.push_back(adam_like<optim::AdamParamState>(
         "Adam", [](optim::Optimizer& o) { return dynamic_cast<optim::Adam*>(&o) != nullptr; },
@@ -100,68 +109,79 @@ const std::vector<Codec>& codecs() {
     v.push_back(adam_like<optim::AdamWParamState>(
         "AdamW", [](optim::Optimizer& o) { return dynamic_cast<optim::AdamW*>(&o) != nullptr; },
         adam_like_options<optim::AdamWOptions>, set_adam_like_options<optim::AdamWOptions>));
-    v.push_back(Codec{"Adagrad", [](optim::Optimizer& o) { return dynamic_cast<optim::Adagrad*>(&o) != nullptr; },
-                      [](optim::OptimizerOptions& o) {
-                        auto& a = static_cast<optim::AdagradOptions&>(o);
-                        Dict d = new_dict();
-                        d.insert("lr", a.lr());
-                        d.insert("lr_decay", a.lr_decay());
-                        d.insert("weight_decay", a.weight_decay());
-                        d.insert("initial_accumulator_value", a.initial_accumulator_value());
-                        d.insert("eps", a.eps());
-                        return d;
-                      },
-                      [](optim::OptimizerOptions& o, const Dict& d) {
-                        static_cast<optim::AdagradOptions&>(o)
-                            .lr(num(d, "lr"))
-                            .lr_decay(num(d, "lr_decay"))
-                            .weight_decay(num(d, "weight_decay"))
-                            .initial_accumulator_value(num(d, "initial_accumulator_value"))
-                            .eps(num(d, "eps"));
-                      },
-                      [](optim::OptimizerParamState& s) {
-                        return Tensors{{"sum", static_cast<optim::AdagradParamState&>(s).sum()}};
-                      },
-                      [](optim::OptimizerParamState& s) { return static_cast<optim::AdagradParamState&>(s).step(); },
-                      [](const std::map<std::string, at::Tensor>& t, int64_t step) {
-                        auto s = std::make_unique<optim::AdagradParamState>();
-                        s->sum(take(t, "sum")).step(step);
-                        return std::unique_ptr<optim::OptimizerParamState>(std::move(s));
-                      }});
-    v.push_back(Codec{"RMSprop", [](optim::Optimizer& o) { return dynamic_cast<optim::RMSprop*>(&o) != nullptr; },
-                      [](optim::OptimizerOptions& o) {
-                        auto& a = static_cast<optim::RMSpropOptions&>(o);
-                        Dict d = new_dict();
-                        d.insert("lr", a.lr());
-                        d.insert("alpha", a.alpha());
-                        d.insert("eps", a.eps());
-                        d.insert("weight_decay", a.weight_decay());
-                        d.insert("momentum", a.momentum());
-                        d.insert("centered", a.centered());
-                        return d;
-                      },
-                      [](optim::OptimizerOptions& o, const Dict& d) {
-                        static_cast<optim::RMSpropOptions&>(o)
-                            .lr(num(d, "lr"))
-                            .alpha(num(d, "alpha"))
-                            .eps(num(d, "eps"))
-                            .weight_decay(num(d, "weight_decay"))
-                            .momentum(num(d, "momentum"))
-                            .centered(d.at("centered").toBool());
-                      },
-                      [](optim::OptimizerParamState& s) {
-                        auto& a = static_cast<optim::RMSpropParamState&>(s);
-                        return Tensors{{"square_avg", a.square_avg()},
-                                       {"momentum_buffer", a.momentum_buffer()},
-                                       {"grad_avg", a.grad_avg()}};
-                      },
-                      [](optim::OptimizerParamState& s) { return static_cast<optim::RMSpropParamState&>(s).step(); },
-                      [](const std::map<std::string, at::Tensor>& t, int64_t step) {
-                        auto s = std::make_unique<optim::RMSpropParamState>();
-                        s->step(step).square_avg(take(t, "square_avg"));
-                        s->momentum_buffer(take(t, "momentum_buffer")).grad_avg(take(t, "grad_avg"));
-                        return std::unique_ptr<optim::OptimizerParamState>(std::move(s));
-                      }});
+    v.push_back(
+        Codec{.type = "Adagrad",
+              .is = [](optim::Optimizer& o) { return dynamic_cast<optim::Adagrad*>(&o) != nullptr; },
+              .options =
+                  [](optim::OptimizerOptions& o) {
+                    auto& a = static_cast<optim::AdagradOptions&>(o);
+                    Dict d = new_dict();
+                    d.insert("lr", a.lr());
+                    d.insert("lr_decay", a.lr_decay());
+                    d.insert("weight_decay", a.weight_decay());
+                    d.insert("initial_accumulator_value", a.initial_accumulator_value());
+                    d.insert("eps", a.eps());
+                    return d;
+                  },
+              .set_options =
+                  [](optim::OptimizerOptions& o, const Dict& d) {
+                    static_cast<optim::AdagradOptions&>(o)
+                        .lr(num(d, "lr"))
+                        .lr_decay(num(d, "lr_decay"))
+                        .weight_decay(num(d, "weight_decay"))
+                        .initial_accumulator_value(num(d, "initial_accumulator_value"))
+                        .eps(num(d, "eps"));
+                  },
+              .tensors =
+                  [](optim::OptimizerParamState& s) {
+                    return Tensors{{"sum", static_cast<optim::AdagradParamState&>(s).sum()}};
+                  },
+              .step = [](optim::OptimizerParamState& s) { return static_cast<optim::AdagradParamState&>(s).step(); },
+              .make =
+                  [](const std::map<std::string, at::Tensor>& t, int64_t step) {
+                    auto s = std::make_unique<optim::AdagradParamState>();
+                    s->sum(take(t, "sum")).step(step);
+                    return std::unique_ptr<optim::OptimizerParamState>(std::move(s));
+                  }});
+    v.push_back(Codec{
+        .type = "RMSprop",
+        .is = [](optim::Optimizer& o) { return dynamic_cast<optim::RMSprop*>(&o) != nullptr; },
+        .options =
+            [](optim::OptimizerOptions& o) {
+              auto& a = static_cast<optim::RMSpropOptions&>(o);
+              Dict d = new_dict();
+              d.insert("lr", a.lr());
+              d.insert("alpha", a.alpha());
+              d.insert("eps", a.eps());
+              d.insert("weight_decay", a.weight_decay());
+              d.insert("momentum", a.momentum());
+              d.insert("centered", a.centered());
+              return d;
+            },
+        .set_options =
+            [](optim::OptimizerOptions& o, const Dict& d) {
+              static_cast<optim::RMSpropOptions&>(o)
+                  .lr(num(d, "lr"))
+                  .alpha(num(d, "alpha"))
+                  .eps(num(d, "eps"))
+                  .weight_decay(num(d, "weight_decay"))
+                  .momentum(num(d, "momentum"))
+                  .centered(d.at("centered").toBool());
+            },
+        .tensors =
+            [](optim::OptimizerParamState& s) {
+              auto& a = static_cast<optim::RMSpropParamState&>(s);
+              return Tensors{
+                  {"square_avg", a.square_avg()}, {"momentum_buffer", a.momentum_buffer()}, {"grad_avg", a.grad_avg()}};
+            },
+        .step = [](optim::OptimizerParamState& s) { return static_cast<optim::RMSpropParamState&>(s).step(); },
+        .make =
+            [](const std::map<std::string, at::Tensor>& t, int64_t step) {
+              auto s = std::make_unique<optim::RMSpropParamState>();
+              s->step(step).square_avg(take(t, "square_avg"));
+              s->momentum_buffer(take(t, "momentum_buffer")).grad_avg(take(t, "grad_avg"));
+              return std::unique_ptr<optim::OptimizerParamState>(std::move(s));
+            }});
     return v;
   }();
   return all;
