@@ -77,6 +77,7 @@ class CallOrder {
   bool run_here(const Work* work);
   // Runs the first queued body on this thread; `lock` holds queue_mu_, released meanwhile.
   void run_front(std::unique_lock<std::mutex>& lock);
+  void start_executor();  // unless it runs; the caller holds queue_mu_
   void run_body(std::function<void()>& body, Work& work);
 
   // What a submitted Work's runner reaches: this CallOrder until its destructor has finished
