@@ -27,7 +27,7 @@
 #include <mutex>
 
 #include "grad_hooks.h"
-#include "replicas.h"
+#include "placement.h"
 #include "tensor_util.h"
 
 namespace chorus {
@@ -248,7 +248,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
 }
 
 DistributedDataParallel::~DistributedDataParallel() {
-  detail::unregister_replicas(reducer_->params);
+  detail::forget_replicas(reducer_->params);
   reducer_->hooks.clear();
 }
 

@@ -31,8 +31,9 @@
 namespace chorus {
 
 namespace detail {
-class ShardedState;  // the machinery of one ShardedDataParallel (torch/src/sharded/state.h)
-}
+class ShardedState;    // the machinery of one ShardedDataParallel (torch/src/sharded/state.h)
+struct GatheredEntry;  // one module's (or DDP group's) share of a GatheredParameters (sharded/gathered.cc)
+}  // namespace detail
 
 enum class ShardingStrategy {
   FullShard,    // ZeRO-3: full parameters exist only while a unit computes (forward, then again in backward)
@@ -172,9 +173,8 @@ class GatheredParameters {
   ~GatheredParameters();
 
  private:
-  struct Entry;  // one module's (or DDP group's) share of the parameters (torch/src/sharded/gathered.cc)
   void enter(std::vector<at::Tensor> params, std::optional<int> modifier_rank);
-  std::vector<std::shared_ptr<Entry>> entries_;
+  std::vector<std::shared_ptr<detail::GatheredEntry>> entries_;
   bool done_ = true;
 };
 

@@ -22,9 +22,7 @@
 #include <unordered_map>
 
 #include "checkpoint/optimizers.h"
-#include "replicas.h"
-#include "sharded/param_kernel.h"
-#include "sharded/shard_range.h"
+#include "placement.h"
 #include "sharded/state.h"
 
 namespace chorus {
@@ -107,24 +105,25 @@ void add_module(Catalog& c, const std::string& item, torch::nn::Module& m, bool 
     s.shape = p.sizes().vec();
     s.numel = p.numel();
     const c10::TensorImpl* holder = p.unsafeGetTensorImpl();
-    if (auto ref = find_sharded(p); ref.owner) {
-      if (std::find(owners.begin(), owners.end(), ref.owner) == owners.end()) {
-        if (for_load) ref.owner->prepare_load();
-        owners.push_back(ref.owner);
-      }
-      const auto& sp = ref.owner->param(ref.index);
-      s.layout = Layout::Sharded;
-      s.shard_numel = sp.shard_numel;
-      s.local = sp.shard.detach();
-      holder = sp.shard.unsafeGetTensorImpl();
-      kind = strategy_name(ref.owner->strategy());
-      c.sharded = true;
-    } else if (replica_group(p)) {
-      s.layout = Layout::Split;
-      s.local = p.detach();
-      kind = "ddp";
-    } else {
-      s.local = p.detach();
+    switch (const Placement where = placement_of(p); where.kind) {
+      case Placement::Kind::Shard:
+        if (std::find(owners.begin(), owners.end(), where.owner) == owners.end()) {
+          if (for_load) where.owner->prepare_load();
+          owners.push_back(where.owner);
+        }
+        s.layout = Layout::Sharded;
+        s.shard_numel = where.shard;
+        s.local = where.local.detach();
+        holder = where.local.unsafeGetTensorImpl();
+        kind = strategy_name(where.owner->strategy());
+        c.sharded = true;
+        break;
+      case Placement::Kind::Replica:
+        s.layout = Layout::Split;
+        s.local = p.detach();
+        kind = "ddp";
+        break;
+      case Placement::Kind::Plain: s.local = p.detach(); break;
     }
     params[holder] = ParamInfo{concat(item, ".", it.key()), s.layout, s.shard_numel, s.shape};
     c.slots.push_back(std::move(s));

@@ -21,18 +21,14 @@
 #include <iostream>
 
 #include "agreement.h"
-#include "replicas.h"
-#include "sharded/param_kernel.h"
-#include "sharded/shard_range.h"
+#include "placement.h"
 #include "sharded/state.h"
 #include "tensor_util.h"
 
 namespace chorus {
 
-using detail::concat;
-using detail::ShardedState;
-
-struct GatheredParameters::Entry {
+namespace detail {
+struct GatheredEntry {
   std::shared_ptr<ShardedState> state;     // sharded parameters...
   std::shared_ptr<ProcessGroup> replicas;  // ...or a DDP group's replicated ones
   std::vector<size_t> indices;             // sharded: parameter indices, ascending
@@ -40,6 +36,11 @@ struct GatheredParameters::Entry {
   std::optional<int> modifier;
   bool held = false;
 };
+}  // namespace detail
+
+using detail::concat;
+using detail::GatheredEntry;
+using detail::ShardedState;
 
 namespace {
 
@@ -66,45 +67,59 @@ GatheredParameters::GatheredParameters(const std::vector<std::shared_ptr<torch::
   enter(std::move(params), modifier_rank);
 }
 
-void GatheredParameters::enter(std::vector<at::Tensor> params, std::optional<int> modifier_rank) {
-  // Sort into entries.
-  std::vector<std::shared_ptr<Entry>> entries;
+namespace {
+
+using Entries = std::vector<std::shared_ptr<GatheredEntry>>;
+
+std::shared_ptr<GatheredEntry>& entry_for(Entries& entries, const detail::Placement& where) {
+  auto it = std::find_if(entries.begin(), entries.end(), [&](const auto& e) {
+    return where.owner ? e->state == where.owner : !e->state && e->replicas == where.group;
+  });
+  if (it != entries.end()) return *it;
+  entries.push_back(std::make_shared<GatheredEntry>());
+  entries.back()->state = where.owner;
+  if (!where.owner) entries.back()->replicas = where.group;
+  return entries.back();
+}
+
+// One entry per sharded module (its indices sorted, once each) and per DDP group, in the modules'
+// made-order: the same on every rank.
+Entries sort_into_entries(const std::vector<at::Tensor>& params, std::optional<int> modifier_rank) {
+  Entries entries;
   for (const at::Tensor& t : params) {
-    if (!t.defined()) continue;
-    if (auto ref = detail::find_sharded(t); ref.owner) {
-      auto it = std::find_if(entries.begin(), entries.end(), [&](const auto& e) { return e->state == ref.owner; });
-      if (it == entries.end()) {
-        entries.push_back(std::make_shared<Entry>());
-        entries.back()->state = ref.owner;
-        it = entries.end() - 1;
+    const detail::Placement where = detail::placement_of(t);
+    switch (where.kind) {
+      case detail::Placement::Kind::Plain: break;
+      case detail::Placement::Kind::Shard: entry_for(entries, where)->indices.push_back(where.index); break;
+      case detail::Placement::Kind::Replica: {
+        if (!modifier_rank) break;  // nothing to do for replicas without a modifier
+        auto& tensors = entry_for(entries, where)->tensors;
+        if (std::none_of(tensors.begin(), tensors.end(), [&](const at::Tensor& x) { return x.is_same(t); }))
+          tensors.push_back(t);
+        break;
       }
-      (*it)->indices.push_back(ref.index);
-    } else if (auto group = detail::replica_group(t)) {
-      if (!modifier_rank) continue;  // nothing to do for replicas without a modifier
-      auto it = std::find_if(entries.begin(), entries.end(), [&](const auto& e) { return e->replicas == group; });
-      if (it == entries.end()) {
-        entries.push_back(std::make_shared<Entry>());
-        entries.back()->replicas = group;
-        it = entries.end() - 1;
-      }
-      if (std::none_of((*it)->tensors.begin(), (*it)->tensors.end(), [&](const at::Tensor& x) { return x.is_same(t); }))
-        (*it)->tensors.push_back(t);
     }
+  }
+  for (auto& e : entries) {
+    e->modifier = modifier_rank;
+    std::sort(e->indices.begin(), e->indices.end());
+    e->indices.erase(std::unique(e->indices.begin(), e->indices.end()), e->indices.end());
   }
   std::stable_sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) {
     const uint64_t ia = a->state ? a->state->id() : UINT64_MAX, ib = b->state ? b->state->id() : UINT64_MAX;
     return ia < ib;
   });
-  // 1. Local rules, before any collective.
-  for (auto& e : entries) {
-    e->modifier = modifier_rank;
+  return entries;
+}
+
+// Step 1: every rule this rank can check alone.
+void check_local_rules(const Entries& entries) {
+  for (const auto& e : entries) {
     ProcessGroup& group = e->state ? e->state->group() : *e->replicas;
-    if (modifier_rank && (*modifier_rank < 0 || *modifier_rank >= group.size()))
-      throw InvalidArgument(concat("GatheredParameters: modifier_rank ", *modifier_rank, " is not a rank of group '",
+    if (e->modifier && (*e->modifier < 0 || *e->modifier >= group.size()))
+      throw InvalidArgument(concat("GatheredParameters: modifier_rank ", *e->modifier, " is not a rank of group '",
                                    group.name(), "' (", group.size(), " ranks)"));
     if (!e->state) continue;
-    std::sort(e->indices.begin(), e->indices.end());
-    e->indices.erase(std::unique(e->indices.begin(), e->indices.end()), e->indices.end());
     if (e->state->busy())
       throw InvalidArgument(
           "GatheredParameters: entered during a ShardedDataParallel's forward or backward; "
@@ -115,23 +130,32 @@ void GatheredParameters::enter(std::vector<at::Tensor> params, std::optional<int
                                    " already gathered by a GatheredParameters that is still alive; nested "
                                    "GatheredParameters must not share parameters"));
   }
-  for (auto& e : entries)
+  for (const auto& e : entries)
     if (e->state) e->state->rethrow_deferred();
+}
+
+// Step 2: the ranks agree on what one sharded entry gathers.
+void agree(const GatheredEntry& e) {
+  std::vector<std::string> names;
+  for (size_t i : e.indices) names.push_back(e.state->param(i).name);
+  detail::require_same(e.state->group().communicator(), "GatheredParameters",
+                       "every rank must enter with the same parameters and modifier_rank",
+                       describe_list(names, e.modifier));
+}
+
+}  // namespace
+
+void GatheredParameters::enter(std::vector<at::Tensor> params, std::optional<int> modifier_rank) {
+  Entries entries = sort_into_entries(params, modifier_rank);
+  check_local_rules(entries);
   // 2. Agreement, then 3. gather and hold. A failure gives back what this rank holds, without
   // communicating: the ranks are no longer in step.
   done_ = false;
   try {
     for (auto& e : entries) {
-      if (!e->state) {
-        entries_.push_back(e);
-        continue;
-      }
-      std::vector<std::string> names;
-      for (size_t i : e->indices) names.push_back(e->state->param(i).name);
-      detail::require_same(e->state->group().communicator(), "GatheredParameters",
-                           "every rank must enter with the same parameters and modifier_rank",
-                           describe_list(names, e->modifier));
+      if (e->state) agree(*e);
       entries_.push_back(e);
+      if (!e->state) continue;
       e->state->hold(e->indices);
       e->held = true;
     }
@@ -149,7 +173,7 @@ void GatheredParameters::exit() {
   done_ = true;
   std::exception_ptr error;
   for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {  // the reverse of entering
-    Entry& e = **it;
+    GatheredEntry& e = **it;
     try {
       if (e.replicas) {
         if (e.modifier) {
@@ -197,25 +221,25 @@ std::string ShardedState::hold_problem(const std::vector<size_t>& indices) {
   std::lock_guard<std::mutex> lock(mu_);
   std::string held;
   for (size_t i : indices)
-    if (params_[i].held) held += concat(held.empty() ? "" : ", ", "'", params_[i].name, "'");
+    if (params_[i]->held) held += concat(held.empty() ? "" : ", ", "'", params_[i]->name, "'");
   return held.empty() ? "" : concat("parameter(s) ", held, " are");
 }
 
 void ShardedState::hold(const std::vector<size_t>& indices) {
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t i : indices) {
-    Param& p = params_[i];
+    ShardedParam& p = *params_[i];
     p.held = true;  // first: a gather that fails is dropped with the rest
-    gather_param(i);
-    p.version_at_hold = int64_t(p.param.unsafeGetTensorImpl()->version_counter().current_version());
+    p.gather(ctx_);
+    p.version_at_hold = p.version();
   }
 }
 
 void ShardedState::drop(const std::vector<size_t>& indices) {
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t i : indices) {
-    params_[i].held = false;
-    free_param(i);
+    params_[i]->held = false;
+    params_[i]->free(ctx_);
   }
 }
 
@@ -227,38 +251,37 @@ std::string ShardedState::release(const std::vector<size_t>& indices, std::optio
     const std::vector<size_t>& indices;
     ~Unhold() {
       for (size_t i : indices) {
-        s.params_[i].held = false;
-        s.free_param(i);
+        s.params_[i]->held = false;
+        s.params_[i]->free(s.ctx_);
       }
     }
   } unhold{*this, indices};
   std::string edited;
   if (modifier_rank) {
     for (size_t i : indices) {
-      Param& p = params_[i];
-      at::Tensor values = p.full.narrow(0, 0, p.numel);
-      group_->broadcast_(values, *modifier_rank);
-      const ShardRange mine = shard_range(p.numel, p.shard_numel, rank_);
-      if (mine.size() > 0) p.shard.detach().narrow(0, 0, mine.size()).copy_(values.narrow(0, mine.begin, mine.size()));
+      ShardedParam& p = *params_[i];
+      at::Tensor values = p.full().narrow(0, 0, p.numel);
+      ctx_.group->broadcast_(values, *modifier_rank);
+      if (p.mine.size() > 0)
+        p.shard.detach().narrow(0, 0, p.mine.size()).copy_(values.narrow(0, p.mine.begin, p.mine.size()));
     }
   } else {
     at::Tensor changed = at::zeros({int64_t(indices.size())}, at::kByte);
     for (size_t k = 0; k < indices.size(); ++k) {
-      Param& p = params_[indices[k]];
-      const int64_t version = int64_t(p.param.unsafeGetTensorImpl()->version_counter().current_version());
-      const ShardRange mine = shard_range(p.numel, p.shard_numel, rank_);
-      const bool differs = mine.size() > 0 &&
-                           !p.full.narrow(0, mine.begin, mine.size()).equal(p.shard.detach().narrow(0, 0, mine.size()));
-      changed.data_ptr<uint8_t>()[k] = version != p.version_at_hold || differs;
+      const ShardedParam& p = *params_[indices[k]];
+      const bool differs =
+          p.mine.size() > 0 &&
+          !p.full().narrow(0, p.mine.begin, p.mine.size()).equal(p.shard.detach().narrow(0, 0, p.mine.size()));
+      changed.data_ptr<uint8_t>()[k] = p.version() != p.version_at_hold || differs;
     }
-    at::Tensor all = group_->all_gather(changed);  // (W, k)
+    at::Tensor all = ctx_.group->all_gather(changed);  // (W, k)
     for (size_t k = 0; k < indices.size(); ++k) {
       std::string ranks;
-      for (int r = 0; r < world_; ++r)
+      for (int r = 0; r < ctx_.world; ++r)
         if (all[r][int64_t(k)].item<uint8_t>()) ranks += concat(ranks.empty() ? "" : ", ", r);
       if (!ranks.empty())
         edited +=
-            concat(edited.empty() ? "" : ", ", "parameter '", params_[indices[k]].name, "' (on rank ", ranks, ")");
+            concat(edited.empty() ? "" : ", ", "parameter '", params_[indices[k]]->name, "' (on rank ", ranks, ")");
     }
   }
   return edited;

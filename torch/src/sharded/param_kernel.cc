@@ -24,22 +24,13 @@
 #include <torch/library.h>
 
 #include <mutex>
-#include <unordered_map>
 
+#include "placement.h"
 #include "sharded/state.h"
 
 namespace chorus::detail {
 
 namespace {
-
-struct Registry {
-  std::mutex mu;
-  std::unordered_map<const c10::StorageImpl*, std::pair<std::weak_ptr<ShardedState>, size_t>> params;
-};
-Registry& registry() {
-  static Registry* r = new Registry;  // outlives every static destructor that might still free a module
-  return *r;
-}
 
 // Operators that read only sizes, strides and options of their tensor arguments.
 bool reads_no_values(const c10::OperatorName& name) {
@@ -67,9 +58,8 @@ void on_sharded_op(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const size_t nargs = op.schema().arguments().size();
     auto touch = [&](const at::Tensor& t) {
       if (!t.defined() || !t.has_storage()) return;
-      ShardedRef ref = find_sharded(t);
-      if (ref.owner) {
-        ref.owner->touch(ref.index, op.operator_name().name);
+      if (Placement p = placement_of(t); p.owner) {
+        p.owner->touch(p.index, op.operator_name().name);
         return;
       }
       if (t.key_set().has(c10::DispatchKey::PrivateUse3))
@@ -129,22 +119,8 @@ c10::intrusive_ptr<c10::StorageImpl> make_sharded(at::Tensor& p, const std::shar
                                                    c10::DispatchKeySet(c10::DispatchKey::PrivateUse3), p.dtype());
   impl->set_sizes_contiguous(p.sizes());
   p.unsafeGetTensorImpl()->shallow_copy_from(impl);
-  std::lock_guard<std::mutex> lock(registry().mu);
-  registry().params[storage.get()] = {owner, index};
+  register_shard(storage.get(), owner, index);
   return storage;
-}
-
-void forget_sharded(const c10::StorageImpl* storage) {
-  std::lock_guard<std::mutex> lock(registry().mu);
-  registry().params.erase(storage);
-}
-
-ShardedRef find_sharded(const at::Tensor& t) {
-  if (!t.defined() || !t.has_storage() || !t.key_set().has(c10::DispatchKey::PrivateUse3)) return {};
-  std::lock_guard<std::mutex> lock(registry().mu);
-  auto it = registry().params.find(t.storage().unsafeGetStorageImpl());
-  if (it == registry().params.end()) return {};
-  return {it->second.first.lock(), it->second.second};
 }
 
 void fill_storage(c10::StorageImpl& storage, void* values, size_t nbytes) {

@@ -14,19 +14,10 @@ class ShardedState;
 // Makes p a sharded parameter: same TensorImpl (so the module's members, autograd's graph and the
 // optimizer's references keep pointing at it), same sizes, dtype and version counter, but a
 // storage chorus owns (returned: empty now, filled by gather) and the dispatch key that sends its
-// operators to on_sharded_op. Registers it as parameter `index` of `owner`.
+// operators to on_sharded_op. Registers it as parameter `index` of `owner` (placement.h; the
+// owner forgets it with forget_shard).
 c10::intrusive_ptr<c10::StorageImpl> make_sharded(at::Tensor& p, const std::shared_ptr<ShardedState>& owner,
                                                   size_t index);
-// Forgets the storage (its ShardedDataParallel is gone): operators on the tensor then throw.
-void forget_sharded(const c10::StorageImpl* storage);
-
-// The owner and index of a sharded parameter (or a view of one); null owner for other tensors.
-struct ShardedRef {
-  std::shared_ptr<ShardedState> owner;
-  size_t index = 0;
-};
-ShardedRef find_sharded(const at::Tensor& t);
-
 // Points the sharded storage at `values` (nbytes of them), or at nothing (null).
 void fill_storage(c10::StorageImpl& storage, void* values, size_t nbytes);
 

@@ -14,22 +14,23 @@
 //   - Backward runs the units in the reverse order: an operator of a freed unit gathers it again
 //     (FullShard), and prefetch starts the unit before it in forward order. A unit is freed once
 //     its gradients left for reduction (Note [Sharded backward] in backward.cc).
+// The objects, as FSDP2's: a ShardedParam (param.h) gathers, frees, reduces and holds one
+// parameter; a ShardedUnit (unit.h) does it for its parameters together; this ShardedState keeps
+// the training state and the orders, and the ShardingContext they share holds the group, the
+// buffer cache and the memory ledger (byte counts kept as buffers come and go).
 // Collectives follow the order in which this rank's model uses its units, so every rank issues
 // the same collectives as long as the ranks run the same model code (as for FSDP); if they do
 // not, chorus's call check raises CollectiveMismatch instead of a hang.
 #include "sharded/state.h"
 
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/graph_task.h>
-#include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
 #include <atomic>
 #include <unordered_map>
 
+#include "placement.h"
 #include "sharded/param_kernel.h"
-#include "sharded/shard_range.h"
 #include "tensor_util.h"
 
 namespace chorus::detail {
@@ -43,139 +44,133 @@ uint64_t next_id() {
   return next++;
 }
 
-int64_t bytes_of(const at::Tensor& t) { return t.defined() ? t.numel() * int64_t(t.element_size()) : 0; }
-
 }  // namespace
 
 ShardedState::ShardedState(std::shared_ptr<ProcessGroup> group, ShardingStrategy strategy, bool prefetch)
-    : group_(std::move(group)), id_(next_id()), strategy_(strategy), prefetch_(prefetch) {}
+    : id_(next_id()), strategy_(strategy), prefetch_(prefetch) {
+  ctx_.group = std::move(group);
+  ctx_.world = ctx_.group->size();
+  ctx_.rank = ctx_.group->rank();
+}
 
 ShardedState::~ShardedState() {
   hooks_.clear();
-  for (size_t i = 0; i < params_.size(); ++i) {
-    forget_sharded(params_[i].storage.get());
-    params_[i].held = false;
-    free_param(i);                                  // a prefetch in flight lands first
-    fill_storage(*params_[i].storage, nullptr, 0);  // the module keeps the tensor, not our buffers
+  for (auto& p : params_) {
+    forget_shard(p->storage.get());  // operators on the tensor now throw
+    p->held = false;
+    p->free(ctx_);                          // a prefetch in flight lands first
+    fill_storage(*p->storage, nullptr, 0);  // the module keeps the tensor, not our buffers
   }
 }
 
 void ShardedState::shard(torch::nn::Module& module, const std::vector<std::shared_ptr<torch::nn::Module>>& units) {
-  world_ = group_->size();
-  rank_ = group_->rank();
-  // Units: each listed module must be in the module; a parameter goes to the innermost one.
-  auto modules = module.named_modules("", /*include_self=*/true);
-  std::vector<std::string> unit_names;
-  for (const auto& u : units) {
-    if (!u) throw InvalidArgument("ShardedDataParallel: a unit is null");
-    std::optional<std::string> found;
-    for (const auto& item : modules)
-      if (item.value().get() == u.get()) found = item.key();
-    if (!found) throw InvalidArgument("ShardedDataParallel: a unit is not a submodule of the module");
-    unit_names.push_back(*found);
-  }
-  units_.push_back(Unit{});  // the root unit
-  std::unordered_map<const c10::TensorImpl*, size_t> unit_of;
-  for (const auto& item : modules) {  // outermost first, so inner units overwrite
-    for (size_t k = 0; k < units.size(); ++k) {
-      if (units[k].get() != item.value().get()) continue;
-      size_t u = units_.size();
-      units_.push_back(Unit{unit_names[k], {}, {}, 0, false, nullptr});
-      for (const auto& p : item.value()->parameters(true)) unit_of[p.unsafeGetTensorImpl()] = u;
-    }
-  }
-
+  const std::vector<size_t> unit_of = assign_units(module, units);
   at::NoGradGuard no_grad;
-  const auto self = shared_from_this();
   std::unordered_map<const c10::TensorImpl*, size_t> seen;
+  size_t k = 0;
   for (const auto& item : module.named_parameters(true)) {
-    at::Tensor p = item.value();
+    const at::Tensor& p = item.value();
+    const size_t unit = unit_of[k++];
     if (auto it = seen.find(p.unsafeGetTensorImpl()); it != seen.end()) {  // tied: sharded once, first name
-      params_[it->second].aliases.push_back(item.key());
+      params_[it->second]->aliases.push_back(item.key());
       continue;
     }
     seen.emplace(p.unsafeGetTensorImpl(), params_.size());
-    if (!p.device().is_cpu())
-      throw InvalidArgument(concat("ShardedDataParallel: parameter '", item.key(), "' is on ", p.device().str(),
-                                   "; this build shards parameters on the CPU"));
-    if (p.is_sparse() || !p.is_contiguous()) p = p.contiguous();
-    group_->broadcast_(p, 0);  // rank 0's values win
-    Param s;
-    s.name = item.key();
-    s.param = item.value();
-    s.numel = p.numel();
-    s.shard_numel = shard_numel(s.numel, world_);
-    s.shard = at::zeros({s.shard_numel}, p.options().requires_grad(false));
-    const ShardRange mine = shard_range(s.numel, s.shard_numel, rank_);
-    if (mine.size() > 0) s.shard.narrow(0, 0, mine.size()).copy_(p.reshape({-1}).narrow(0, mine.begin, mine.size()));
-    s.shard.set_requires_grad(p.requires_grad());
-    auto it = unit_of.find(p.unsafeGetTensorImpl());
-    s.unit = it == unit_of.end() ? 0 : it->second;
-    const size_t index = params_.size();
-    s.storage = make_sharded(s.param, self, index);  // the full values go with the old storage
-    units_[s.unit].params.push_back(index);
-    if (p.requires_grad()) units_[s.unit].reduced.push_back(index);
-    params_.push_back(std::move(s));
+    add_param(item.key(), p, unit);
   }
   for (const auto& item : module.named_buffers(true)) {
     at::Tensor b = item.value();
-    group_->broadcast_(b, 0);
-    buffers_.push_back(b);
+    ctx_.group->broadcast_(b, 0);  // rank 0's values win
   }
-  // Gradient hooks (backward.cc), on accumulators this state keeps alive.
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (!params_[i].param.requires_grad()) continue;
-    hooks_.add(params_[i].param, weak_from_this(), &ShardedState::on_grad_ready, i);
-  }
+  for (size_t i = 0; i < params_.size(); ++i)  // gradient hooks (backward.cc)
+    if (params_[i]->param.requires_grad())
+      hooks_.add(params_[i]->param, weak_from_this(), &ShardedState::on_grad_ready, i);
   seen_in_forward_.assign(units_.size(), 0);
   int64_t largest = 0;
-  for (const auto& u : units_) {
-    int64_t b = 0;
-    for (size_t i : u.params) b += world_ * params_[i].shard_numel * int64_t(params_[i].shard.element_size());
-    largest = std::max(largest, b);
+  for (const auto& u : units_) largest = std::max(largest, u.gathered_bytes(ctx_.world));
+  ctx_.buffers.set_limit(2 * largest);  // the unit in use and the one prefetched
+}
+
+// Makes the units (the root unit first) and returns the unit of each entry of
+// module.named_parameters(): the innermost listed module holding it, else the root unit.
+std::vector<size_t> ShardedState::assign_units(torch::nn::Module& module,
+                                               const std::vector<std::shared_ptr<torch::nn::Module>>& units) {
+  units_.emplace_back("");
+  std::unordered_map<const c10::TensorImpl*, size_t> unit_of;
+  for (const auto& u : units)
+    if (!u) throw InvalidArgument("ShardedDataParallel: a unit is null");
+  std::vector<bool> found(units.size(), false);
+  for (const auto& item : module.named_modules("", /*include_self=*/true)) {  // outermost first: inner ones win
+    for (size_t k = 0; k < units.size(); ++k) {
+      if (units[k].get() != item.value().get() || found[k]) continue;
+      found[k] = true;
+      units_.emplace_back(item.key());
+      for (const auto& p : item.value()->parameters(true)) unit_of[p.unsafeGetTensorImpl()] = units_.size() - 1;
+    }
   }
-  spare_limit_ = 2 * largest;  // the unit in use and the one prefetched
+  if (std::find(found.begin(), found.end(), false) != found.end())
+    throw InvalidArgument("ShardedDataParallel: a unit is not a submodule of the module");
+  std::vector<size_t> out;
+  for (const auto& p : module.parameters(true)) {
+    auto it = unit_of.find(p.unsafeGetTensorImpl());
+    out.push_back(it == unit_of.end() ? 0 : it->second);
+  }
+  return out;
+}
+
+void ShardedState::add_param(const std::string& name, const at::Tensor& param, size_t unit) {
+  if (!param.device().is_cpu())
+    throw InvalidArgument(concat("ShardedDataParallel: parameter '", name, "' is on ", param.device().str(),
+                                 "; this build shards parameters on the CPU"));
+  at::Tensor values = param.is_sparse() || !param.is_contiguous() ? param.contiguous() : param;
+  ctx_.group->broadcast_(values, 0);  // rank 0's values win
+  const size_t index = params_.size();
+  params_.push_back(std::make_unique<ShardedParam>(name, param, values, unit, ctx_));
+  ShardedParam& p = *params_.back();
+  p.storage = make_sharded(p.param, shared_from_this(), index);  // the full values go with the old storage
+  units_[unit].params.push_back(&p);
+  if (param.requires_grad()) units_[unit].reduced.push_back(&p);
 }
 
 bool ShardedState::busy() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return in_forward_ || finalize_queued_ || in_backward();
+  return state_ != TrainingState::Idle || in_backward();
 }
 
 void ShardedState::touch(size_t i, const std::string& op) {
   std::lock_guard<std::mutex> lock(mu_);
-  Param& p = params_[i];
+  ShardedParam& p = *params_[i];
   const size_t u = p.unit;
   if (in_backward()) {
-    queue_finalize();
-    if (!p.full.defined()) {
-      gather_unit(u);
+    enter_backward();
+    if (!p.gathered()) {
+      units_[u].gather(ctx_);
       // Backward runs units in the reverse of forward order: the one before this is next.
       auto at = std::find(forward_order_.begin(), forward_order_.end(), u);
-      if (prefetch_ && at != forward_order_.end() && at != forward_order_.begin()) prefetch_unit(*(at - 1));
+      if (prefetch_ && at != forward_order_.end() && at != forward_order_.begin()) units_[*(at - 1)].prefetch(ctx_);
     }
     return;
   }
-  if (in_forward_) {
+  if (state_ == TrainingState::Forward) {
     if (!seen_in_forward_[u]) {
       seen_in_forward_[u] = 1;
       forward_order_.push_back(u);
     }
     if (current_ != u) {
-      if (strategy_ == ShardingStrategy::FullShard && current_ && *current_ != 0) free_unit(*current_);
+      if (reshards_after_forward() && current_ && *current_ != 0) units_[*current_].free(ctx_);
       current_ = u;
-      gather_unit(u);
+      units_[u].gather(ctx_);
       // The unit the previous forward used after this one travels while this one computes.
       auto at = std::find(last_order_.begin(), last_order_.end(), u);
-      if (prefetch_ && at != last_order_.end() && at + 1 != last_order_.end()) prefetch_unit(*(at + 1));
-    } else if (!p.full.defined()) {
-      gather_unit(u);
+      if (prefetch_ && at != last_order_.end() && at + 1 != last_order_.end()) units_[*(at + 1)].prefetch(ctx_);
+    } else if (!p.gathered()) {
+      units_[u].gather(ctx_);
     }
     return;
   }
   if (p.held) return;  // GatheredParameters gathered it
   throw InvalidArgument(
-      concat("ShardedDataParallel: parameter '", p.name, "' is sharded over the group's ", world_,
+      concat("ShardedDataParallel: parameter '", p.name, "' is sharded over the group's ", ctx_.world,
              " ranks (this rank holds elements of it only), so ", op,
              " cannot use it here. Run the module inside forward: sdp.forward([&] { return model->forward(x); }); "
              "to read or change the full values outside it, use chorus::GatheredParameters; to save them, "
@@ -185,39 +180,25 @@ void ShardedState::touch(size_t i, const std::string& op) {
 void ShardedState::begin_forward() {
   rethrow_deferred();
   std::lock_guard<std::mutex> lock(mu_);
-  if (in_forward_) throw InvalidArgument("ShardedDataParallel::forward: already inside forward of this module");
+  if (state_ == TrainingState::Forward)
+    throw InvalidArgument("ShardedDataParallel::forward: already inside forward of this module");
   if (in_backward()) throw InvalidArgument("ShardedDataParallel::forward: called during a backward pass");
-  // A backward that failed before its end, or a forward whose backward never came (ShardGradOp
-  // kept its units): start clean.
-  if (finalize_queued_) {
-    for (auto& p : params_) {
-      if (p.reduction) try {
-          p.reduction->wait();
-        } catch (...) {  // that backward already raised its error
-        }
-      give_back(std::move(p.reduce_in));
-      p.reduce_in.reset();
-      p.reduce_out.reset();
-      p.reduction.reset();
-    }
-    reset_backward();
-  }
-  for (size_t u = 0; u < units_.size(); ++u) free_unit(u);
-  in_forward_ = true;
-  forward_grad_ = at::GradMode::is_enabled();
+  if (state_ == TrainingState::Backward) abandon_backward();
+  free_all();  // ShardGradOp's units of a forward whose backward never came
+  state_ = TrainingState::Forward;
   forward_order_.clear();
   std::fill(seen_in_forward_.begin(), seen_in_forward_.end(), 0);
   current_.reset();
-  if (prefetch_ && !last_order_.empty()) prefetch_unit(last_order_.front());
+  if (prefetch_ && !last_order_.empty()) units_[last_order_.front()].prefetch(ctx_);
 }
 
 void ShardedState::end_forward(bool ok) {
   std::lock_guard<std::mutex> lock(mu_);
-  in_forward_ = false;
+  state_ = TrainingState::Idle;
   current_.reset();
   last_order_ = forward_order_;
-  if (!ok || !forward_grad_ || strategy_ == ShardingStrategy::FullShard)
-    for (size_t u = 0; u < units_.size(); ++u) free_unit(u);
+  // Only a backward that will come needs ShardGradOp's units.
+  if (!ok || !at::GradMode::is_enabled() || reshards_after_forward()) free_all();
   // The backward of this forward reduces units in the reverse order, then those it did not use.
   reduction_order_.assign(forward_order_.rbegin(), forward_order_.rend());
   for (size_t u = 0; u < units_.size(); ++u)
@@ -230,106 +211,25 @@ void ShardedState::prepare_load() {
         "load_checkpoint: a sharded module is in its forward or backward; load before forward or after backward");
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& p : params_)
-    if (p.held)
+    if (p->held)
       throw InvalidArgument(
-          concat("load_checkpoint: parameter '", p.name, "' is held by a GatheredParameters; load after it exits"));
-  for (size_t u = 0; u < units_.size(); ++u) free_unit(u);
+          concat("load_checkpoint: parameter '", p->name, "' is held by a GatheredParameters; load after it exits"));
+  free_all();
 }
 
-void ShardedState::gather_unit(size_t u) {
-  for (size_t i : units_[u].params) gather_param(i);
-}
-
-void ShardedState::prefetch_unit(size_t u) {
-  for (size_t i : units_[u].params) {
-    Param& p = params_[i];
-    if (p.full.defined() || p.gathering) continue;
-    p.incoming = take_buffer(world_ * p.shard_numel, p.shard.options());
-    p.gathering = group_->all_gather_into_async(p.incoming, p.shard.detach());
-  }
-}
-
-void ShardedState::free_unit(size_t u) {
-  for (size_t i : units_[u].params) free_param(i);
-}
-
-void ShardedState::gather_param(size_t i) {
-  Param& p = params_[i];
-  if (p.full.defined()) return;
-  if (p.gathering) {
-    auto work = std::move(p.gathering);
-    p.gathering.reset();
-    p.full = std::move(p.incoming);
-    p.incoming.reset();
-    work->wait();
-  } else {
-    p.full = take_buffer(world_ * p.shard_numel, p.shard.options());
-    group_->all_gather_into(p.full, p.shard.detach());
-  }
-  fill_storage(*p.storage, p.full.data_ptr(), size_t(p.numel) * p.full.element_size());
-  account();
-}
-
-void ShardedState::free_param(size_t i) {
-  Param& p = params_[i];
-  if (p.held) return;
-  if (p.gathering) {  // a prefetch nobody used: let it land, then drop it
-    try {
-      p.gathering->wait();
-    } catch (...) {  // a failed group fails its next collective again; this runs in destructors
-    }
-    p.gathering.reset();
-    give_back(std::move(p.incoming));
-  }
-  if (!p.full.defined()) return;
-  fill_storage(*p.storage, nullptr, 0);
-  give_back(std::move(p.full));
-  p.full.reset();
-  account();
-}
-
-at::Tensor ShardedState::take_buffer(int64_t numel, const at::TensorOptions& options) {
-  for (size_t k = 0; k < spare_.size(); ++k) {
-    if (spare_[k].numel() != numel || spare_[k].scalar_type() != options.dtype().toScalarType()) continue;
-    at::Tensor t = std::move(spare_[k]);
-    spare_.erase(spare_.begin() + long(k));
-    spare_bytes_ -= bytes_of(t);
-    return t;
-  }
-  return at::empty({numel}, options.requires_grad(false));
-}
-
-void ShardedState::give_back(at::Tensor t) {
-  if (!t.defined()) return;
-  const int64_t b = bytes_of(t);
-  while (!spare_.empty() && spare_bytes_ + b > spare_limit_) {  // the oldest go first
-    spare_bytes_ -= bytes_of(spare_.front());
-    spare_.erase(spare_.begin());
-  }
-  if (b > spare_limit_) return;
-  spare_bytes_ += b;
-  spare_.push_back(std::move(t));
-}
-
-void ShardedState::account() {
-  full_bytes_ = 0;
-  full_grad_bytes_ = 0;
-  for (const auto& p : params_) {
-    full_bytes_ += bytes_of(p.full);
-    full_grad_bytes_ += bytes_of(p.param.grad());
-  }
-  peak_transient_ = std::max(peak_transient_, full_bytes_ + full_grad_bytes_);
+void ShardedState::free_all() {
+  for (auto& u : units_) u.free(ctx_);
 }
 
 std::vector<at::Tensor> ShardedState::shards() {
   std::vector<at::Tensor> out;
-  for (const auto& p : params_) out.push_back(p.shard);
+  for (const auto& p : params_) out.push_back(p->shard);
   return out;
 }
 
 torch::OrderedDict<std::string, at::Tensor> ShardedState::named_shards() {
   torch::OrderedDict<std::string, at::Tensor> out;
-  for (const auto& p : params_) out.insert(p.name, p.shard);
+  for (const auto& p : params_) out.insert(p->name, p->shard);
   return out;
 }
 
@@ -339,13 +239,13 @@ torch::OrderedDict<std::string, at::Tensor> ShardedState::full_state_dict(torch:
   at::NoGradGuard no_grad;
   torch::OrderedDict<std::string, at::Tensor> out;
   for (const auto& p : params_) {  // one parameter at a time onto rank 0
-    std::optional<at::Tensor> stacked = group_->gather(p.shard.detach(), 0);
+    std::optional<at::Tensor> stacked = ctx_.group->gather(p->shard.detach(), 0);
     if (!stacked) continue;
-    at::Tensor full = stacked->reshape({-1}).narrow(0, 0, p.numel).reshape(p.param.sizes()).clone();
-    out.insert(p.name, full);
-    for (const auto& alias : p.aliases) out.insert(alias, full);  // as module.named_parameters() lists it
+    at::Tensor full = stacked->reshape({-1}).narrow(0, 0, p->numel).reshape(p->param.sizes()).clone();
+    out.insert(p->name, full);
+    for (const auto& alias : p->aliases) out.insert(alias, full);  // as module.named_parameters() lists it
   }
-  if (rank_ == 0)
+  if (ctx_.rank == 0)
     for (const auto& item : module.named_buffers(true)) out.insert(item.key(), item.value().detach().clone());
   return out;
 }
@@ -354,27 +254,27 @@ ShardedDataParallel::MemoryStats ShardedState::memory_stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   ShardedDataParallel::MemoryStats m;
   for (const auto& p : params_) {
-    m.shard_bytes += bytes_of(p.shard);
-    m.shard_grad_bytes += bytes_of(p.shard.grad());
-    m.full_bytes += bytes_of(p.full);
-    m.full_grad_bytes += bytes_of(p.param.grad());
+    m.shard_bytes += bytes_of(p->shard);
+    m.shard_grad_bytes += bytes_of(p->shard.grad());
+    m.full_bytes += bytes_of(p->full());
+    m.full_grad_bytes += bytes_of(p->param.grad());
   }
-  m.peak_transient_bytes = std::max(peak_transient_, m.full_bytes + m.full_grad_bytes);
-  m.cached_bytes = spare_bytes_;
+  m.peak_transient_bytes = std::max(ctx_.memory.peak, m.full_bytes + m.full_grad_bytes);
+  m.cached_bytes = ctx_.buffers.bytes();
   return m;
 }
 
 void ShardedState::reset_peak_memory() {
   std::lock_guard<std::mutex> lock(mu_);
-  peak_transient_ = 0;
-  account();
+  for (auto& p : params_) p->note_grad(ctx_);  // a .grad the user dropped is dropped from the ledger
+  ctx_.memory.peak = ctx_.memory.full + ctx_.memory.full_grad;
 }
 
 std::vector<std::pair<std::string, std::vector<std::string>>> ShardedState::unit_layout() const {
   std::vector<std::pair<std::string, std::vector<std::string>>> out;
   for (const auto& u : units_) {
     std::vector<std::string> names;
-    for (size_t i : u.params) names.push_back(params_[i].name);
+    for (const ShardedParam* p : u.params) names.push_back(p->name);
     if (!names.empty() || u.name.empty()) out.emplace_back(u.name, std::move(names));
   }
   return out;

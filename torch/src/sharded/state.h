@@ -1,5 +1,6 @@
-// The machinery of one ShardedDataParallel: shards, units, gathering and freeing, the gradient
-// reduction (Note [Sharded units] in state.cc, Note [Sharded backward] in backward.cc).
+// The per-module state of one ShardedDataParallel (FSDP2's FSDPState): its sharded parameters
+// (param.h), its units (unit.h), the training state, and the order in which units are gathered and
+// reduced (Note [Sharded units] in state.cc, Note [Sharded backward] in backward.cc).
 #pragma once
 
 #include <torch/nn/module.h>
@@ -13,36 +14,17 @@
 
 #include "chorus/sharded.h"
 #include "grad_hooks.h"
+#include "sharded/param.h"
+#include "sharded/unit.h"
 
 namespace chorus::detail {
 
 class ShardedState : public std::enable_shared_from_this<ShardedState> {
  public:
-  struct Param {
-    std::string name;
-    std::vector<std::string> aliases;              // a tied parameter's other names in the module
-    at::Tensor param;                              // the module's tensor, now a sharded parameter
-    c10::intrusive_ptr<c10::StorageImpl> storage;  // its storage: empty, or the full values
-    int64_t numel = 0, shard_numel = 0;            // N and S = ceil(N / W)
-    at::Tensor shard;                              // this rank's S elements (a leaf: the optimizer's)
-    at::Tensor full;                               // W * S gathered elements while the storage shows them
-    at::Tensor incoming;                           // where a prefetch in flight lands
-    std::shared_ptr<TensorWork> gathering;         // that prefetch
-    at::Tensor reduce_in, reduce_out;              // this backward's reduction: padded full gradient, shard
-    std::shared_ptr<TensorWork> reduction;
-    size_t unit = 0;
-    bool held = false;   // by a GatheredParameters
-    bool ready = false;  // its gradient arrived in this backward
-    bool edited_check = false;
-    int64_t version_at_hold = 0;
-  };
-  struct Unit {
-    std::string name;             // in the module; "" for the root unit
-    std::vector<size_t> params;   // all of them
-    std::vector<size_t> reduced;  // those that get gradients, in reduction-buffer order
-    size_t ready = 0;             // of `reduced`, arrived in this backward
-    bool launched = false;        // its reduction started in this backward
-    std::shared_ptr<TensorWork> reduction;
+  enum class TrainingState {
+    Idle,      // between steps (ShardGradOp may keep the last forward's units for its backward)
+    Forward,   // inside forward(fn)
+    Backward,  // a backward pass reached this module and its end has not been handled yet
   };
 
   ShardedState(std::shared_ptr<ProcessGroup> group, ShardingStrategy strategy, bool prefetch);
@@ -78,17 +60,16 @@ class ShardedState : public std::enable_shared_from_this<ShardedState> {
   void reset_peak_memory();
   std::vector<std::pair<std::string, std::vector<std::string>>> unit_layout() const;
 
-  const Param& param(size_t i) const { return params_[i]; }
-  size_t size() const { return params_.size(); }
+  const ShardedParam& param(size_t i) const { return *params_[i]; }
   ShardingStrategy strategy() const { return strategy_; }
-  int world() const { return world_; }
   // Checkpoints: before shards are overwritten, no full copy may be alive (InvalidArgument during
   // forward, backward or a GatheredParameters); the kept ones (ShardGradOp) are dropped.
   void prepare_load();
   // Made-order of the ShardedDataParallels of this process (the same on every rank that makes
   // them in the same order): GatheredParameters' canonical order.
   uint64_t id() const { return id_; }
-  ProcessGroup& group() { return *group_; }
+  ProcessGroup& group() { return *ctx_.group; }
+  const std::shared_ptr<ProcessGroup>& group_ptr() const { return ctx_.group; }
   bool busy() const;  // in forward or a backward
   // An error a GatheredParameters destructor could not throw: thrown by the next forward or
   // GatheredParameters.
@@ -96,47 +77,40 @@ class ShardedState : public std::enable_shared_from_this<ShardedState> {
   void rethrow_deferred();
 
  private:
-  // Callers hold mu_.
-  void gather_unit(size_t u);
-  void prefetch_unit(size_t u);
-  void free_unit(size_t u);
-  void gather_param(size_t i);
-  void free_param(size_t i);
-  void account();
-  void queue_finalize();
-  void launch_ready_reductions();
-  void launch_reduction(size_t u);
-  void reset_backward();
-  // Buffers for full parameters and reductions, reused across steps (a fresh allocation of this
-  // size is a fresh mapping: page faults on every step).
-  at::Tensor take_buffer(int64_t numel, const at::TensorOptions& options);
-  void give_back(at::Tensor t);
+  // shard()'s steps.
+  std::vector<size_t> assign_units(torch::nn::Module& module,
+                                   const std::vector<std::shared_ptr<torch::nn::Module>>& units);
+  void add_param(const std::string& name, const at::Tensor& p, size_t unit);
 
-  std::shared_ptr<ProcessGroup> group_;
+  // Callers hold mu_.
+  bool reshards_after_forward() const { return strategy_ == ShardingStrategy::FullShard; }
+  void enter_backward();           // the first hook or gather of a backward pass
+  void abandon_backward();         // a backward that never reached its end
+  void launch_ready_reductions();  // in reduction order, as far as units are complete
+  void reset_backward();
+  void free_all();
+
   const uint64_t id_;
   const ShardingStrategy strategy_;
   const bool prefetch_;
-  int world_ = 1, rank_ = 0;
-  std::vector<Param> params_;
-  std::vector<Unit> units_;  // units_[0]: the root unit
-  std::vector<at::Tensor> buffers_;
-  GradReadyHooks hooks_;  // on_grad_ready after each gradient (backward.cc)
+  ShardingContext ctx_;
+  std::vector<std::unique_ptr<ShardedParam>> params_;
+  std::vector<ShardedUnit> units_;  // units_[0]: the root unit
+  GradReadyHooks hooks_;            // on_grad_ready after each gradient (backward.cc)
 
   mutable std::mutex mu_;
-  bool in_forward_ = false, forward_grad_ = false;
-  std::vector<size_t> forward_order_, last_order_;  // units in the order forward first used them
+  TrainingState state_ = TrainingState::Idle;
+  bool sync_ = true;  // no_sync sets it false
+  // Forward: units in the order this forward first used them, and the previous forward's order
+  // (prefetch follows it).
+  std::vector<size_t> forward_order_, last_order_;
   std::vector<char> seen_in_forward_;
   std::optional<size_t> current_;  // the unit forward used last
   // Backward: reductions start in this order (the reverse of the forward's, then units it did not
   // use), each once every unit before it started.
   std::vector<size_t> reduction_order_;
   size_t next_reduction_ = 0;
-  bool finalize_queued_ = false, sync_ = true;
   std::exception_ptr deferred_;
-
-  int64_t full_bytes_ = 0, full_grad_bytes_ = 0, peak_transient_ = 0;
-  std::vector<at::Tensor> spare_;
-  int64_t spare_bytes_ = 0, spare_limit_ = 0;
 };
 
 }  // namespace chorus::detail
