@@ -31,8 +31,8 @@
 namespace chorus {
 
 namespace detail {
-class ShardedState;    // the machinery of one ShardedDataParallel (torch/src/sharded/state.h)
-struct GatheredEntry;  // one module's (or DDP group's) share of a GatheredParameters (sharded/gathered.cc)
+class DataParallelEngine;  // what runs a ShardedDataParallel's strategy (torch/src/sharded/engine.h)
+struct GatheredEntry;      // one module's (or DDP group's) share of a GatheredParameters (sharded/gathered.cc)
 }  // namespace detail
 
 enum class ShardingStrategy {
@@ -127,8 +127,7 @@ class ShardedDataParallel {
   std::shared_ptr<torch::nn::Module> module_;
   std::shared_ptr<ProcessGroup> group_;
   ShardedOptions options_;
-  std::shared_ptr<detail::ShardedState> state_;        // FullShard, ShardGradOp
-  std::unique_ptr<DistributedDataParallel> replicas_;  // NoShard
+  std::shared_ptr<detail::DataParallelEngine> engine_;
 };
 
 template <class F>

@@ -1,5 +1,5 @@
-// ShardedDataParallel: the public face of ShardedState (FullShard, ShardGradOp) and of
-// DistributedDataParallel (NoShard).
+// ShardedDataParallel: the public face of its engine (sharded/engine.h): ShardedState for
+// FullShard and ShardGradOp, a DistributedDataParallel's replicas for NoShard.
 #include "chorus/sharded.h"
 
 #include "sharded/state.h"
@@ -9,92 +9,118 @@ namespace chorus {
 
 using detail::concat;
 
+namespace {
+
+// NoShard: a DistributedDataParallel keeps the parameters replicated; one unit, nothing gathered.
+class ReplicatedEngine final : public detail::DataParallelEngine {
+ public:
+  ReplicatedEngine(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<ProcessGroup> group)
+      : module_(module), group_(group), ddp_(std::move(module), options(std::move(group))) {}
+
+  void begin_forward() override {}
+  void end_forward(bool) override {}
+  std::vector<at::Tensor> parameters() override { return module_->parameters(true); }
+  torch::OrderedDict<std::string, at::Tensor> named_parameters() override { return module_->named_parameters(true); }
+
+  bool set_sync(bool sync) override {
+    const bool previous = !no_sync_;
+    if (sync)
+      no_sync_.reset();
+    else if (!no_sync_)
+      no_sync_ = std::make_unique<NoSyncGuard>(ddp_.no_sync());
+    return previous;
+  }
+
+  torch::OrderedDict<std::string, at::Tensor> full_state_dict(torch::nn::Module& module) override {
+    group_->barrier();  // collective under every strategy
+    torch::OrderedDict<std::string, at::Tensor> out;
+    if (group_->rank() != 0) return out;
+    at::NoGradGuard no_grad;
+    for (const auto& item : module.named_parameters(true)) out.insert(item.key(), item.value().detach().clone());
+    for (const auto& item : module.named_buffers(true)) out.insert(item.key(), item.value().detach().clone());
+    return out;
+  }
+
+  ShardedDataParallel::MemoryStats memory_stats() const override {
+    ShardedDataParallel::MemoryStats m;
+    for (const auto& p : module_->parameters(true)) {
+      m.shard_bytes += detail::bytes_of(p);
+      m.shard_grad_bytes += detail::bytes_of(p.grad());
+    }
+    return m;
+  }
+  void reset_peak_memory() override {}
+
+  std::vector<std::pair<std::string, std::vector<std::string>>> unit_layout() const override {
+    std::vector<std::string> names;
+    for (const auto& item : module_->named_parameters(true)) names.push_back(item.key());
+    return {{"", names}};
+  }
+
+ private:
+  static DDPOptions options(std::shared_ptr<ProcessGroup> group) {
+    DDPOptions ddp;
+    ddp.group = std::move(group);
+    ddp.find_unused_parameters = true;  // as the sharded strategies: a parameter without a gradient counts as zero
+    return ddp;
+  }
+  std::shared_ptr<torch::nn::Module> module_;
+  std::shared_ptr<ProcessGroup> group_;
+  DistributedDataParallel ddp_;
+  std::unique_ptr<NoSyncGuard> no_sync_;  // while synchronization is off
+};
+
+}  // namespace
+
 ShardedDataParallel::ShardedDataParallel(std::shared_ptr<torch::nn::Module> module, ShardedOptions options)
     : module_(std::move(module)), options_(std::move(options)) {
   if (!module_) throw InvalidArgument("ShardedDataParallel: the module is null");
   group_ = options_.group ? options_.group : default_group();
   if (options_.strategy == ShardingStrategy::NoShard) {
-    DDPOptions ddp;
-    ddp.group = group_;
-    ddp.find_unused_parameters = true;  // as the sharded strategies: a parameter without a gradient counts as zero
-    replicas_ = std::make_unique<DistributedDataParallel>(module_, ddp);
+    engine_ = std::make_shared<ReplicatedEngine>(module_, group_);
     return;
   }
-  state_ = std::make_shared<detail::ShardedState>(group_, options_.strategy, options_.prefetch);
-  state_->shard(*module_, options_.units);
+  auto state = std::make_shared<detail::ShardedState>(group_, options_.strategy, options_.prefetch);
+  state->shard(*module_, options_.units);
+  engine_ = std::move(state);
 }
 
 ShardedDataParallel::~ShardedDataParallel() = default;
 
-ShardedDataParallel::ForwardScope::ForwardScope(ShardedDataParallel& s) : self(s) {
-  if (self.state_) self.state_->begin_forward();
-}
+ShardedDataParallel::ForwardScope::ForwardScope(ShardedDataParallel& s) : self(s) { self.engine_->begin_forward(); }
 ShardedDataParallel::ForwardScope::~ForwardScope() {
-  if (self.state_ && !ok) self.state_->end_forward(false);
+  if (!ok) self.engine_->end_forward(false);
 }
 void ShardedDataParallel::ForwardScope::finished() {
   ok = true;
-  if (self.state_) self.state_->end_forward(true);
+  self.engine_->end_forward(true);
 }
 
-std::vector<at::Tensor> ShardedDataParallel::parameters() {
-  if (state_) return state_->shards();
-  return module_->parameters(true);
-}
+std::vector<at::Tensor> ShardedDataParallel::parameters() { return engine_->parameters(); }
 
 torch::OrderedDict<std::string, at::Tensor> ShardedDataParallel::named_parameters() {
-  if (state_) return state_->named_shards();
-  return module_->named_parameters(true);
+  return engine_->named_parameters();
 }
 
-NoSyncGuard ShardedDataParallel::no_sync() {
-  if (replicas_) return replicas_->no_sync();
-  return NoSyncGuard(this);
-}
+NoSyncGuard ShardedDataParallel::no_sync() { return NoSyncGuard(this); }
 
 torch::OrderedDict<std::string, at::Tensor> ShardedDataParallel::full_state_dict() {
-  if (state_) return state_->full_state_dict(*module_);
-  group_->barrier();  // collective under every strategy
-  torch::OrderedDict<std::string, at::Tensor> out;
-  if (group_->rank() != 0) return out;
-  at::NoGradGuard no_grad;
-  for (const auto& item : module_->named_parameters(true)) out.insert(item.key(), item.value().detach().clone());
-  for (const auto& item : module_->named_buffers(true)) out.insert(item.key(), item.value().detach().clone());
-  return out;
+  return engine_->full_state_dict(*module_);
 }
 
-ShardedDataParallel::MemoryStats ShardedDataParallel::memory_stats() const {
-  if (state_) return state_->memory_stats();
-  MemoryStats m;
-  for (const auto& p : module_->parameters(true)) {
-    m.shard_bytes += p.numel() * int64_t(p.element_size());
-    if (p.grad().defined()) m.shard_grad_bytes += p.grad().numel() * int64_t(p.grad().element_size());
-  }
-  return m;
-}
+ShardedDataParallel::MemoryStats ShardedDataParallel::memory_stats() const { return engine_->memory_stats(); }
 
-void ShardedDataParallel::reset_peak_memory() {
-  if (state_) state_->reset_peak_memory();
-}
+void ShardedDataParallel::reset_peak_memory() { engine_->reset_peak_memory(); }
 
 std::vector<std::pair<std::string, std::vector<std::string>>> ShardedDataParallel::unit_layout() const {
-  if (state_) return state_->unit_layout();
-  std::vector<std::string> names;
-  for (const auto& item : module_->named_parameters(true)) names.push_back(item.key());
-  return {{"", names}};
+  return engine_->unit_layout();
 }
 
 NoSyncGuard::NoSyncGuard(ShardedDataParallel* sdp) {
   if (!sdp) return;
-  if (sdp->replicas_) {
-    NoSyncGuard replicas = sdp->replicas_->no_sync();
-    restore_ = std::move(replicas.restore_);
-    replicas.restore_ = nullptr;
-    return;
-  }
-  std::shared_ptr<detail::ShardedState> state = sdp->state_;
-  const bool previous = state->set_sync(false);
-  restore_ = [state, previous] { state->set_sync(previous); };
+  std::shared_ptr<detail::DataParallelEngine> engine = sdp->engine_;
+  const bool previous = engine->set_sync(false);
+  restore_ = [engine, previous] { engine->set_sync(previous); };
 }
 
 std::vector<std::shared_ptr<torch::nn::Module>> units_of_size(const std::shared_ptr<torch::nn::Module>& module,

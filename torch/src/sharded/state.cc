@@ -221,13 +221,13 @@ void ShardedState::free_all() {
   for (auto& u : units_) u.free(ctx_);
 }
 
-std::vector<at::Tensor> ShardedState::shards() {
+std::vector<at::Tensor> ShardedState::parameters() {
   std::vector<at::Tensor> out;
   for (const auto& p : params_) out.push_back(p->shard);
   return out;
 }
 
-torch::OrderedDict<std::string, at::Tensor> ShardedState::named_shards() {
+torch::OrderedDict<std::string, at::Tensor> ShardedState::named_parameters() {
   torch::OrderedDict<std::string, at::Tensor> out;
   for (const auto& p : params_) out.insert(p->name, p->shard);
   return out;

@@ -14,12 +14,13 @@
 
 #include "chorus/sharded.h"
 #include "grad_hooks.h"
+#include "sharded/engine.h"
 #include "sharded/param.h"
 #include "sharded/unit.h"
 
 namespace chorus::detail {
 
-class ShardedState : public std::enable_shared_from_this<ShardedState> {
+class ShardedState final : public DataParallelEngine, public std::enable_shared_from_this<ShardedState> {
  public:
   enum class TrainingState {
     Idle,      // between steps (ShardGradOp may keep the last forward's units for its backward)
@@ -36,13 +37,13 @@ class ShardedState : public std::enable_shared_from_this<ShardedState> {
   // An operator is about to use parameter i (Note [Sharded parameters]): gathers its unit or throws.
   void touch(size_t i, const std::string& op);
 
-  void begin_forward();
-  void end_forward(bool ok);
+  void begin_forward() override;
+  void end_forward(bool ok) override;
 
   // Backward (backward.cc).
   void on_grad_ready(size_t i);
   void finalize_backward();
-  bool set_sync(bool sync);
+  bool set_sync(bool sync) override;
 
   // GatheredParameters (gathered.cc): indices must be free of holders (checked first).
   std::string hold_problem(const std::vector<size_t>& indices);
@@ -53,12 +54,12 @@ class ShardedState : public std::enable_shared_from_this<ShardedState> {
   // Gives the parameters back on this rank alone (an entry that failed half way).
   void drop(const std::vector<size_t>& indices);
 
-  std::vector<at::Tensor> shards();
-  torch::OrderedDict<std::string, at::Tensor> named_shards();
-  torch::OrderedDict<std::string, at::Tensor> full_state_dict(torch::nn::Module& module);
-  ShardedDataParallel::MemoryStats memory_stats() const;
-  void reset_peak_memory();
-  std::vector<std::pair<std::string, std::vector<std::string>>> unit_layout() const;
+  std::vector<at::Tensor> parameters() override;  // the shards
+  torch::OrderedDict<std::string, at::Tensor> named_parameters() override;
+  torch::OrderedDict<std::string, at::Tensor> full_state_dict(torch::nn::Module& module) override;
+  ShardedDataParallel::MemoryStats memory_stats() const override;
+  void reset_peak_memory() override;
+  std::vector<std::pair<std::string, std::vector<std::string>>> unit_layout() const override;
 
   const ShardedParam& param(size_t i) const { return *params_[i]; }
   ShardingStrategy strategy() const { return strategy_; }
