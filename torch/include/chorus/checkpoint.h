@@ -44,25 +44,30 @@ class Stateful {
   enum class Kind { Module, Optimizer, Value };
   // A module: its parameters and buffers. A module wrapped by DistributedDataParallel or
   // ShardedDataParallel is recognised as such (passing the module or the wrapper is the same).
-  Stateful(std::shared_ptr<torch::nn::Module> module);  // NOLINT: implicit, for {"name", x} lists
+  Stateful(std::shared_ptr<torch::nn::Module> module)  // NOLINT: implicit, for {"name", x} lists
+      : kind_(Kind::Module), module_(std::move(module)) {
+    if (!module_) throw InvalidArgument("CheckpointState: a module is null");
+  }
   template <class M>
   requires std::is_base_of_v<torch::nn::Module, M> Stateful(std::shared_ptr<M> module)
       : Stateful(std::static_pointer_cast<torch::nn::Module>(std::move(module))) {}  // NOLINT
   template <class Holder>  // torch::nn::Linear, TORCH_MODULE(...)
   requires requires(Holder h) { h.ptr(); }
   Stateful(Holder& module) : Stateful(std::static_pointer_cast<torch::nn::Module>(module.ptr())) {}  // NOLINT
-  Stateful(DistributedDataParallel& ddp);                                                            // NOLINT
-  Stateful(ShardedDataParallel& sdp);                                                                // NOLINT
+  Stateful(DistributedDataParallel& ddp) : Stateful(ddp.module_ptr()) {}                             // NOLINT
+  Stateful(ShardedDataParallel& sdp) : Stateful(sdp.module_ptr()) {}                                 // NOLINT
   // An optimizer (SGD, Adam, AdamW, Adagrad, RMSprop): each group's options and every
   // parameter's state, named after the parameters of the modules in the same checkpoint state.
-  Stateful(torch::optim::Optimizer& optimizer);  // NOLINT
-  // Values: rank 0's is saved; load sets it on every rank.
-  Stateful(c10::IValue& value);  // NOLINT
-  Stateful(at::Tensor& value);   // NOLINT
-  Stateful(int64_t& value);      // NOLINT
-  Stateful(double& value);       // NOLINT
-  Stateful(bool& value);         // NOLINT
-  Stateful(std::string& value);  // NOLINT
+  Stateful(torch::optim::Optimizer& optimizer) : kind_(Kind::Optimizer), optimizer_(&optimizer) {}  // NOLINT
+  // Values (c10::IValue, at::Tensor, int64_t, double, bool, std::string): rank 0's is saved; load
+  // sets it on every rank.
+  template <class T>
+  requires(std::is_same_v<T, c10::IValue> || std::is_same_v<T, at::Tensor> || std::is_same_v<T, int64_t> ||
+           std::is_same_v<T, double> || std::is_same_v<T, bool> || std::is_same_v<T, std::string>)
+      Stateful(T& value)  // NOLINT
+      : kind_(Kind::Value),
+        get_([&value] { return c10::IValue(value); }),
+        set_([&value](const c10::IValue& v) { value = v.to<T>(); }) {}
 
   Kind kind() const { return kind_; }
   const std::shared_ptr<torch::nn::Module>& module() const { return module_; }

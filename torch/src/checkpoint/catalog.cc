@@ -1,6 +1,6 @@
 // Note [Checkpoint layout]
-// A checkpoint is a list of tensors, each named by a key ("<item>/<parameter>" for modules,
-// "<item>/state/<parameter ref>/<state name>" for optimizers, a parameter ref being
+// A checkpoint is a list of tensors, each named by a key (catalog.h's `keys`: "<item>/<parameter>"
+// for modules, "<item>/state/<parameter ref>/<state name>" for optimizers, a parameter ref being
 // "<module item>.<parameter name>"), with its full shape and dtype, plus the items' other values
 // (optimizer options and steps, user values) in one dict written by rank 0.
 // How the ranks hold a tensor decides who writes which part of it:
@@ -15,6 +15,7 @@
 // ShardedDataParallel, one whose parameters a DDP holds is split, so passing a module or its
 // wrapper is the same. An optimizer's parameters are named after the modules in the same state
 // (a shard by its parameter's name); others by position ("<item>.group<g>.param<k>").
+// How a module's tensor is held is placement_of's answer (placement.h).
 #include "checkpoint/catalog.h"
 
 #include <torch/optim.h>
@@ -24,41 +25,6 @@
 #include "checkpoint/optimizers.h"
 #include "placement.h"
 #include "sharded/state.h"
-
-namespace chorus {
-
-using detail::concat;
-
-Stateful::Stateful(std::shared_ptr<torch::nn::Module> module) : kind_(Kind::Module), module_(std::move(module)) {
-  if (!module_) throw InvalidArgument("CheckpointState: a module is null");
-}
-Stateful::Stateful(DistributedDataParallel& ddp) : Stateful(ddp.module_ptr()) {}
-Stateful::Stateful(ShardedDataParallel& sdp) : Stateful(sdp.module_ptr()) {}
-Stateful::Stateful(torch::optim::Optimizer& optimizer) : kind_(Kind::Optimizer), optimizer_(&optimizer) {}
-Stateful::Stateful(c10::IValue& value)
-    : kind_(Kind::Value), get_([&value] { return value; }), set_([&value](const c10::IValue& v) { value = v; }) {}
-Stateful::Stateful(at::Tensor& value)
-    : kind_(Kind::Value),
-      get_([&value] { return c10::IValue(value); }),
-      set_([&value](const c10::IValue& v) { value = v.toTensor(); }) {}
-Stateful::Stateful(int64_t& value)
-    : kind_(Kind::Value),
-      get_([&value] { return c10::IValue(value); }),
-      set_([&value](const c10::IValue& v) { value = v.toInt(); }) {}
-Stateful::Stateful(double& value)
-    : kind_(Kind::Value),
-      get_([&value] { return c10::IValue(value); }),
-      set_([&value](const c10::IValue& v) { value = v.toDouble(); }) {}
-Stateful::Stateful(bool& value)
-    : kind_(Kind::Value),
-      get_([&value] { return c10::IValue(value); }),
-      set_([&value](const c10::IValue& v) { value = v.toBool(); }) {}
-Stateful::Stateful(std::string& value)
-    : kind_(Kind::Value),
-      get_([&value] { return c10::IValue(value); }),
-      set_([&value](const c10::IValue& v) { value = v.toStringRef(); }) {}
-
-}  // namespace chorus
 
 namespace chorus::detail::checkpoint {
 
@@ -76,61 +42,60 @@ namespace {
 
 Dict new_dict() { return Dict(c10::StringType::get(), c10::AnyType::get()); }
 
-// A parameter as a checkpoint sees it.
-struct ParamInfo {
-  std::string ref;  // "<item>.<name>"
-  Layout layout;    // of the parameter (and its optimizer state)
-  int64_t shard_numel = 0;
-  std::optional<std::vector<int64_t>> shape;  // a module's parameter: its full shape
-};
-
 std::string strategy_name(ShardingStrategy s) {
   return s == ShardingStrategy::FullShard     ? "full_shard"
          : s == ShardingStrategy::ShardGradOp ? "shard_grad_op"
                                               : "no_shard";
 }
 
-// Adds the slots of one module item; records its parameters (by the tensor the optimizer holds).
-void add_module(Catalog& c, const std::string& item, torch::nn::Module& m, bool for_load,
-                std::unordered_map<const c10::TensorImpl*, ParamInfo>& params) {
+// A module's tensor as its placement says (placement.h); `holder` becomes the tensor the
+// optimizer holds for it, `kind` the module's kind.
+Slot module_slot(const std::string& key, const at::Tensor& p, const c10::TensorImpl*& holder, std::string& kind,
+                 Catalog& c, bool for_load, std::vector<std::shared_ptr<ShardedState>>& owners) {
+  Slot s;
+  s.key = key;
+  s.dtype = p.scalar_type();
+  s.shape = p.sizes().vec();
+  s.numel = p.numel();
+  holder = p.unsafeGetTensorImpl();
+  switch (const Placement where = placement_of(p); where.kind) {
+    case Placement::Kind::Shard:
+      if (std::find(owners.begin(), owners.end(), where.owner) == owners.end()) {
+        if (for_load) where.owner->prepare_load();
+        owners.push_back(where.owner);
+      }
+      s.layout = Layout::Sharded;
+      s.shard_numel = where.shard;
+      s.local = where.local.detach();  // (p itself gathers on any operator)
+      holder = where.local.unsafeGetTensorImpl();
+      kind = strategy_name(where.owner->strategy());
+      c.sharded = true;
+      break;
+    case Placement::Kind::Replica:
+      s.layout = Layout::Split;
+      s.local = p.detach();
+      kind = "ddp";
+      break;
+    case Placement::Kind::Plain: s.local = p.detach(); break;
+  }
+  return s;
+}
+
+// Adds the slots of one module item; records its parameters in `params`.
+void add_module(Catalog& c, const std::string& item, torch::nn::Module& m, bool for_load, ParamInfos& params) {
   std::string kind = "plain";
   std::unordered_map<const c10::TensorImpl*, bool> seen;
   std::vector<std::shared_ptr<ShardedState>> owners;
   for (const auto& it : m.named_parameters(true)) {
-    const at::Tensor& p = it.value();
-    if (!seen.emplace(p.unsafeGetTensorImpl(), true).second) continue;  // tied: once, first name
-    Slot s;
-    s.key = concat(item, "/", it.key());
-    s.dtype = p.scalar_type();
-    s.shape = p.sizes().vec();
-    s.numel = p.numel();
-    const c10::TensorImpl* holder = p.unsafeGetTensorImpl();
-    switch (const Placement where = placement_of(p); where.kind) {
-      case Placement::Kind::Shard:
-        if (std::find(owners.begin(), owners.end(), where.owner) == owners.end()) {
-          if (for_load) where.owner->prepare_load();
-          owners.push_back(where.owner);
-        }
-        s.layout = Layout::Sharded;
-        s.shard_numel = where.shard;
-        s.local = where.local.detach();
-        holder = where.local.unsafeGetTensorImpl();
-        kind = strategy_name(where.owner->strategy());
-        c.sharded = true;
-        break;
-      case Placement::Kind::Replica:
-        s.layout = Layout::Split;
-        s.local = p.detach();
-        kind = "ddp";
-        break;
-      case Placement::Kind::Plain: s.local = p.detach(); break;
-    }
-    params[holder] = ParamInfo{concat(item, ".", it.key()), s.layout, s.shard_numel, s.shape};
+    if (!seen.emplace(it.value().unsafeGetTensorImpl(), true).second) continue;  // tied: once, first name
+    const c10::TensorImpl* holder = nullptr;
+    Slot s = module_slot(keys::module_tensor(item, it.key()), it.value(), holder, kind, c, for_load, owners);
+    params[holder] = ParamInfo{keys::param_ref(item, it.key()), s.layout, s.shard_numel, s.shape};
     c.slots.push_back(std::move(s));
   }
   for (const auto& it : m.named_buffers(true)) {
     Slot s;
-    s.key = concat(item, "/", it.key());
+    s.key = keys::module_tensor(item, it.key());
     s.dtype = it.value().scalar_type();
     s.shape = it.value().sizes().vec();
     s.numel = it.value().numel();
@@ -141,24 +106,71 @@ void add_module(Catalog& c, const std::string& item, torch::nn::Module& m, bool 
 }
 
 // The optimizer's parameters as the checkpoint names them, group by group.
-std::vector<std::vector<ParamInfo>> optimizer_params(
-    optim::Optimizer& o, const std::string& item, const std::unordered_map<const c10::TensorImpl*, ParamInfo>& params) {
+std::vector<std::vector<ParamInfo>> optimizer_params(optim::Optimizer& o, const std::string& item,
+                                                     const ParamInfos& params) {
   std::vector<std::vector<ParamInfo>> out;
   for (size_t g = 0; g < o.param_groups().size(); ++g) {
     out.emplace_back();
     const auto& ps = o.param_groups()[g].params();
     for (size_t k = 0; k < ps.size(); ++k) {
       auto it = params.find(ps[k].unsafeGetTensorImpl());
-      out.back().push_back(it != params.end() ? it->second
-                                              : ParamInfo{concat(item, ".group", g, ".param", k), Layout::Replicated});
+      out.back().push_back(it != params.end() ? it->second : ParamInfo{keys::positional_ref(item, g, k)});
     }
   }
   return out;
 }
 
-void check_item_name(const std::string& name) {
-  if (name.empty() || name.find('/') != std::string::npos)
-    throw InvalidArgument(concat("CheckpointState: item name '", name, "' must be non-empty and without '/'"));
+// A slot for one optimizer state tensor of a parameter: laid out as the parameter is, shaped as the
+// full parameter (a shard's state is shaped like the shard).
+Slot state_slot(std::string key, const ParamInfo& info, at::ScalarType dtype, at::IntArrayRef own_shape) {
+  Slot s;
+  s.key = std::move(key);
+  s.dtype = dtype;
+  s.layout = info.layout;
+  s.shard_numel = info.shard_numel;
+  s.shape = info.shape ? *info.shape : own_shape.vec();
+  s.numel = c10::multiply_integers(s.shape);
+  return s;
+}
+
+// Adds the slots of one optimizer item and its object: options, steps and parameter names.
+void add_optimizer(Catalog& c, const std::string& item, optim::Optimizer& o, const ParamInfos& params) {
+  const Codec& codec = codec_of(o, item);
+  const auto refs = optimizer_params(o, item, params);
+  c10::impl::GenericList groups(c10::AnyType::get());
+  Dict steps = new_dict();
+  for (size_t g = 0; g < refs.size(); ++g) {
+    Dict group = codec.options(o.param_groups()[g].options());
+    c10::impl::GenericList names(c10::StringType::get());
+    const auto& ps = o.param_groups()[g].params();
+    for (size_t k = 0; k < ps.size(); ++k) {
+      const ParamInfo& info = refs[g][k];
+      names.push_back(info.ref);
+      auto st = o.state().find(state_key(ps[k]));
+      if (st == o.state().end()) continue;  // no step taken yet
+      if (int64_t step = codec.step(*st->second); step >= 0) steps.insert(info.ref, step);
+      for (auto& [tname, t] : codec.tensors(*st->second)) {
+        if (!t.defined()) continue;
+        Slot slot = state_slot(keys::optimizer_state_prefix(item, info.ref) + tname, info, t.scalar_type(), t.sizes());
+        slot.local = t.detach();
+        c.slots.push_back(std::move(slot));
+      }
+    }
+    group.insert("params", names);
+    groups.push_back(group);
+  }
+  Dict obj = new_dict();
+  obj.insert("type", codec.type);
+  obj.insert("param_groups", groups);
+  obj.insert("steps", steps);
+  c.objects.insert(item, obj);
+  c.items.emplace_back(item, "optimizer:" + codec.type);
+}
+
+void check_item_names(const CheckpointState& state) {
+  for (const auto& [name, item] : state)
+    if (name.empty() || name.find('/') != std::string::npos)
+      throw InvalidArgument(concat("CheckpointState: item name '", name, "' must be non-empty and without '/'"));
 }
 
 // Modules first: optimizers are named after their parameters.
@@ -171,54 +183,13 @@ void for_each_item(const CheckpointState& state, Stateful::Kind kind, F&& f) {
 }  // namespace
 
 Catalog catalog_for_save(const CheckpointState& state) {
+  check_item_names(state);
   Catalog c;
-  std::unordered_map<const c10::TensorImpl*, ParamInfo> params;
-  for (const auto& [name, item] : state) check_item_name(name);
+  ParamInfos params;
   for_each_item(state, Stateful::Kind::Module,
                 [&](const std::string& name, const Stateful& s) { add_module(c, name, *s.module(), false, params); });
-  for_each_item(state, Stateful::Kind::Optimizer, [&](const std::string& name, const Stateful& s) {
-    optim::Optimizer& o = *s.optimizer();
-    const Codec& codec = codec_of(o, name);
-    const auto refs = optimizer_params(o, name, params);
-    c10::impl::GenericList groups(c10::AnyType::get());
-    Dict steps = new_dict();
-    for (size_t g = 0; g < refs.size(); ++g) {
-      Dict group = codec.options(o.param_groups()[g].options());
-      c10::impl::GenericList names(c10::StringType::get());
-      const auto& ps = o.param_groups()[g].params();
-      for (size_t k = 0; k < ps.size(); ++k) {
-        const ParamInfo& info = refs[g][k];
-        names.push_back(info.ref);
-        auto st = o.state().find(state_key(ps[k]));
-        if (st == o.state().end()) continue;  // no step taken yet
-        if (int64_t step = codec.step(*st->second); step >= 0) steps.insert(info.ref, step);
-        for (auto& [tname, t] : codec.tensors(*st->second)) {
-          if (!t.defined()) continue;
-          Slot slot;
-          slot.key = concat(name, "/state/", info.ref, "/", tname);
-          slot.dtype = t.scalar_type();
-          slot.layout = info.layout;
-          slot.shard_numel = info.shard_numel;
-          slot.local = t.detach();
-          slot.shape = t.sizes().vec();
-          slot.numel = t.numel();
-          if (info.shape) {  // the parameter's shape (a shard's state is shaped like the shard)
-            slot.shape = *info.shape;
-            slot.numel = c10::multiply_integers(slot.shape);
-          }
-          c.slots.push_back(std::move(slot));
-        }
-      }
-      group.insert("params", names);
-      groups.push_back(group);
-    }
-    Dict obj = new_dict();
-    obj.insert("type", codec.type);
-    obj.insert("param_groups", groups);
-    obj.insert("steps", steps);
-    c.objects.insert(name, obj);
-    c.items.emplace_back(name, "optimizer:" + codec.type);
-  });
+  for_each_item(state, Stateful::Kind::Optimizer,
+                [&](const std::string& name, const Stateful& s) { add_optimizer(c, name, *s.optimizer(), params); });
   for_each_item(state, Stateful::Kind::Value, [&](const std::string& name, const Stateful& s) {
     c.objects.insert(name, s.get());
     c.items.emplace_back(name, "value");
@@ -235,49 +206,51 @@ struct LoadCatalog::OptimizerItem {
 
 LoadCatalog::LoadCatalog(const CheckpointState& state, const std::map<std::string, at::ScalarType>& saved)
     : state_(state) {
-  std::unordered_map<const c10::TensorImpl*, ParamInfo> params;
-  for (const auto& [name, item] : state) check_item_name(name);
+  check_item_names(state);
+  ParamInfos params;
   for_each_item(state, Stateful::Kind::Module, [&](const std::string& name, const Stateful& s) {
     add_module(catalog_, name, *s.module(), true, params);
   });
   for_each_item(state, Stateful::Kind::Optimizer, [&](const std::string& name, const Stateful& s) {
-    auto item = std::make_shared<OptimizerItem>();
-    item->name = name;
-    item->optimizer = s.optimizer();
-    item->codec = &codec_of(*s.optimizer(), name);
-    item->refs = optimizer_params(*s.optimizer(), name, params);
-    for (size_t g = 0; g < item->refs.size(); ++g) {
-      const auto& ps = s.optimizer()->param_groups()[g].params();
-      for (size_t k = 0; k < ps.size(); ++k) {
-        const ParamInfo& info = item->refs[g][k];
-        const std::string prefix = concat(name, "/state/", info.ref, "/");
-        Tensors existing;  // state the optimizer has already: loaded in place when it fits
-        if (auto st = s.optimizer()->state().find(state_key(ps[k])); st != s.optimizer()->state().end())
-          existing = item->codec->tensors(*st->second);
-        for (auto it = saved.lower_bound(prefix); it != saved.end() && it->first.rfind(prefix, 0) == 0; ++it) {
-          Slot slot;  // without a target, made by the loader and handed to finish()
-          slot.key = it->first;
-          slot.layout = info.layout;
-          slot.shard_numel = info.shard_numel;
-          slot.shape = info.shape ? *info.shape : ps[k].sizes().vec();
-          slot.numel = c10::multiply_integers(slot.shape);
-          slot.dtype = it->second;
-          const int64_t local = slot.layout == Layout::Sharded ? slot.shard_numel : slot.numel;
-          for (const auto& [tname, t] : existing)
-            if (tname == it->first.substr(prefix.size()) && t.defined() && t.scalar_type() == slot.dtype &&
-                t.numel() == local && t.is_contiguous()) {
-              slot.local = t.detach();
-              in_place_[slot.key] = t;
-            }
-          catalog_.slots.push_back(std::move(slot));
-        }
-      }
-    }
-    catalog_.items.emplace_back(name, "optimizer:" + item->codec->type);
-    optimizers_.push_back(std::move(item));
+    add_optimizer(name, *s.optimizer(), params, saved);
   });
   for_each_item(state, Stateful::Kind::Value,
                 [&](const std::string& name, const Stateful&) { catalog_.items.emplace_back(name, "value"); });
+}
+
+// Slots for the state tensors the checkpoint has for this optimizer's parameters (`saved`, by key):
+// without a target, made by the loader and handed to finish(), except where the optimizer has a
+// state tensor that fits already: that one is loaded in place.
+void LoadCatalog::add_optimizer(const std::string& name, optim::Optimizer& o, const ParamInfos& params,
+                                const std::map<std::string, at::ScalarType>& saved) {
+  auto item = std::make_shared<OptimizerItem>();
+  item->name = name;
+  item->optimizer = &o;
+  item->codec = &codec_of(o, name);
+  item->refs = optimizer_params(o, name, params);
+  for (size_t g = 0; g < item->refs.size(); ++g) {
+    const auto& ps = o.param_groups()[g].params();
+    for (size_t k = 0; k < ps.size(); ++k) {
+      const ParamInfo& info = item->refs[g][k];
+      const std::string prefix = keys::optimizer_state_prefix(name, info.ref);
+      Tensors existing;
+      if (auto st = o.state().find(state_key(ps[k])); st != o.state().end())
+        existing = item->codec->tensors(*st->second);
+      for (auto it = saved.lower_bound(prefix); it != saved.end() && it->first.rfind(prefix, 0) == 0; ++it) {
+        Slot slot = state_slot(it->first, info, it->second, ps[k].sizes());
+        const int64_t local = slot.layout == Layout::Sharded ? slot.shard_numel : slot.numel;
+        for (const auto& [tname, t] : existing)
+          if (tname == it->first.substr(prefix.size()) && t.defined() && t.scalar_type() == slot.dtype &&
+              t.numel() == local && t.is_contiguous()) {
+            slot.local = t.detach();
+            in_place_[slot.key] = t;
+          }
+        catalog_.slots.push_back(std::move(slot));
+      }
+    }
+  }
+  catalog_.items.emplace_back(name, "optimizer:" + item->codec->type);
+  optimizers_.push_back(std::move(item));
 }
 
 std::string LoadCatalog::problem(const c10::impl::GenericDict& objects) const {
@@ -316,7 +289,7 @@ void LoadCatalog::finish(const c10::impl::GenericDict& objects, std::map<std::st
       o->codec->set_options(group.options(), groups.get(g).toGenericDict());
       for (size_t k = 0; k < group.params().size(); ++k) {
         const std::string& ref = o->refs[g][k].ref;
-        const std::string prefix = concat(o->name, "/state/", ref, "/");
+        const std::string prefix = keys::optimizer_state_prefix(o->name, ref);
         std::map<std::string, at::Tensor> tensors;
         for (const auto* from : {&loaded, &in_place_})
           for (auto it = from->lower_bound(prefix); it != from->end() && it->first.rfind(prefix, 0) == 0; ++it)

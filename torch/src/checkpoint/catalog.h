@@ -8,7 +8,9 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -34,9 +36,39 @@ struct Slot {
   at::Tensor local;
 };
 
+// The names a checkpoint gives its tensors (Note [Checkpoint layout]), in one place.
+namespace keys {
+// Every key of an item starts with "<item>/" (item names have no '/').
+inline std::string item_prefix(const std::string& item) { return item + "/"; }
+// A module's parameter or buffer: "<item>/<name in the module>".
+inline std::string module_tensor(const std::string& item, const std::string& name) { return item_prefix(item) + name; }
+// How an optimizer names a parameter: after its module item ("<item>.<name in the module>"), or by
+// position for a parameter no module of the state holds ("<optimizer item>.group<g>.param<k>").
+inline std::string param_ref(const std::string& module_item, const std::string& name) {
+  return module_item + "." + name;
+}
+inline std::string positional_ref(const std::string& optimizer_item, size_t group, size_t index) {
+  return optimizer_item + ".group" + std::to_string(group) + ".param" + std::to_string(index);
+}
+// An optimizer's state tensors of one parameter: "<item>/state/<param ref>/<state name>", all
+// sharing this prefix.
+inline std::string optimizer_state_prefix(const std::string& item, const std::string& ref) {
+  return item_prefix(item) + "state/" + ref + "/";
+}
+}  // namespace keys
+
 // The elements [begin, end) of the flattened tensor that `rank` of `world` holds (Sharded) or
 // writes (Split: parts of ceil(N/W); Replicated: rank 0 all of them).
 std::pair<int64_t, int64_t> part_of(const Slot& s, int rank, int world);
+
+// A parameter as a checkpoint sees it, by the tensor its optimizer holds (a shard, for a sharded one).
+struct ParamInfo {
+  std::string ref;                     // keys::param_ref or keys::positional_ref
+  Layout layout = Layout::Replicated;  // of the parameter (and its optimizer state)
+  int64_t shard_numel = 0;
+  std::optional<std::vector<int64_t>> shape;  // a module's parameter: its full shape
+};
+using ParamInfos = std::unordered_map<const c10::TensorImpl*, ParamInfo>;
 
 // The things a save or load works on.
 struct Catalog {
@@ -65,6 +97,8 @@ class LoadCatalog {
 
  private:
   struct OptimizerItem;
+  void add_optimizer(const std::string& name, torch::optim::Optimizer& o, const ParamInfos& params,
+                     const std::map<std::string, at::ScalarType>& saved);
   Catalog catalog_;
   const CheckpointState& state_;
   std::vector<std::shared_ptr<OptimizerItem>> optimizers_;

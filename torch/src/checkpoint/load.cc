@@ -145,7 +145,7 @@ std::vector<int64_t> match(const std::string& path, const Meta& meta, const Chec
     for (const auto& [name, item] : state) {
       if (item.kind() != Stateful::Kind::Module) continue;
       for (const auto& t : meta.tensors)
-        if (t.key.rfind(name + "/", 0) == 0 && !wanted.count(t.key))
+        if (t.key.rfind(keys::item_prefix(name), 0) == 0 && !wanted.count(t.key))
           throw InvalidArgument(concat("checkpoint: '", path, "' holds '", t.key, "', which this '", name,
                                        "' does not have (load with strict = false to leave it out)"));
     }

@@ -13,6 +13,7 @@
 
 #include <filesystem>
 
+#include "checkpoint/catalog.h"
 #include "checkpoint/files.h"
 
 namespace chorus::detail::checkpoint {
@@ -139,7 +140,7 @@ Dict nested(const Meta& meta, const std::vector<std::string>& items, const std::
   Dict out = new_dict();
   for (const auto& item : items) {
     c10::IValue obj = meta.objects.contains(item) ? meta.objects.at(item) : c10::IValue();
-    const std::string prefix = item + "/";
+    const std::string prefix = keys::item_prefix(item);
     bool has_tensors = false;
     for (const auto& t : meta.tensors) has_tensors |= t.key.rfind(prefix, 0) == 0;
     if (!has_tensors) {
