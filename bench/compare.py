@@ -11,25 +11,14 @@ With --repeat N the three are run N times, interleaved, and each figure is the m
 runs' medians, which keeps one disturbed run from deciding a comparison.
 Writes the raw outputs and a combined CSV (world,op,bytes,impl,median_us,busbw_GBps) to --out.
 """
-import argparse
 import csv
 import os
-import statistics
-import subprocess
 import sys
+
+import runner
 
 SIZES = [8, 1024, 65536, 1 << 20, 16 << 20, 64 << 20]
 OPS = ["barrier", "all_reduce", "all_gather", "broadcast"]
-
-
-def run(cmd, env=None, log=None, log_mode="w"):
-    """Runs cmd, returns its stdout; also writes it to log (log_mode "a" appends)."""
-    print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
-    out = subprocess.run(cmd, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
-    if log:
-        with open(log, log_mode) as f:
-            f.write(out)
-    return out
 
 
 def parse_table(text):
@@ -48,22 +37,12 @@ def parse_table(text):
     return rows
 
 
-def median_tables(tables):
-    """Per (op, bytes): the median over runs of the median time, and of the busbw."""
-    keys = set().union(*[t.keys() for t in tables])
-    out = {}
-    for k in keys:
-        runs = [t[k] for t in tables if k in t]
-        out[k] = (statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs))
-    return out
-
-
 def chorus_rows(build, world, ops, out, symmetric=False):
     """chorus-bench's table; with symmetric, between buffers from Communicator::alloc_symmetric."""
     cmd = [os.path.join(build, "bench", "chorus-bench"), "--np", str(world), "--ops", ",".join(ops),
            "--sizes", ",".join(str(s) for s in SIZES), "--csv"] + (["--symmetric"] if symmetric else [])
     name = "chorus_sym" if symmetric else "chorus"
-    text = run(cmd, log=os.path.join(out, f"{name}_w{world}_{len(os.listdir(out))}.txt"))
+    text = runner.run(cmd, log=os.path.join(out, f"{name}_w{world}_{len(os.listdir(out))}.txt"))
     rows = {}
     for line in text.splitlines():
         if line.startswith("#") or line.startswith("op,"):
@@ -75,34 +54,22 @@ def chorus_rows(build, world, ops, out, symmetric=False):
     return rows
 
 
-def default_python():
-    """The project's environment (scripts/install-deps.sh), else the Python running this script."""
-    venv = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".venv", "bin", "python")
-    return venv if os.path.exists(venv) else sys.executable
-
-
 def main():
-    here = os.path.dirname(os.path.abspath(__file__))
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--build", default=os.path.join(here, "..", "build"))
-    ap.add_argument("--anchors", default=os.path.join(here, "..", "..", "shared", "anchors"))
-    ap.add_argument("--np", default="2,4,8")
+    ap = runner.parser(__doc__, "2,4,8")
     ap.add_argument("--gloo-np", default="2")
-    ap.add_argument("--out", default="bench-results")
-    ap.add_argument("--repeat", type=int, default=1, help="run everything N times, interleaved; report medians")
-    ap.add_argument("--python", default=default_python(), help="the Python with torch for the gloo anchor "
+    ap.add_argument("--python", default=runner.default_python(), help="the Python with torch for the gloo anchor "
                     "(default: the project's .venv)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     anchors = os.path.abspath(args.anchors)
 
     mpi_bin = os.path.join(args.out, "mpi_bench")
-    run(["mpicc", "-O2", os.path.join(anchors, "mpi_bench.c"), "-o", mpi_bin])
-    env1 = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    runner.run(["mpicc", "-O2", os.path.join(anchors, "mpi_bench.c"), "-o", mpi_bin])
+    env1 = runner.one_thread_env()
 
     combined = []
-    verdicts = []
-    for world in [int(w) for w in args.np.split(",")]:
+    verdicts = runner.Verdicts()
+    for world in runner.worlds(args):
         ops = OPS if world == 2 else ["barrier", "all_reduce"]
         runs = {"chorus": [], "chorus_sym": [], "mpi": []}
         with_gloo = str(world) in args.gloo_np.split(",")
@@ -111,12 +78,12 @@ def main():
         for r in range(args.repeat):
             runs["chorus"].append(chorus_rows(args.build, world, ops, args.out))
             runs["chorus_sym"].append(chorus_rows(args.build, world, ["all_reduce"], args.out, symmetric=True))
-            runs["mpi"].append(parse_table(run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(world), mpi_bin],
+            runs["mpi"].append(parse_table(runner.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(world), mpi_bin],
                                                log=os.path.join(args.out, f"mpi_w{world}_{r}.txt"))))
             if with_gloo:
-                runs["gloo"].append(parse_table(run([args.python, os.path.join(anchors, "torch_gloo_bench.py"), str(world)],
+                runs["gloo"].append(parse_table(runner.run([args.python, os.path.join(anchors, "torch_gloo_bench.py"), str(world)],
                                                     env=env1, log=os.path.join(args.out, f"gloo_w{world}_{r}.txt"))))
-        results = {impl: median_tables(tables) for impl, tables in runs.items()}
+        results = {impl: runner.medians(tables) for impl, tables in runs.items()}
         peers = [p for p in ("chorus_sym", "mpi", "gloo") if p in results]
         print(f"\n## world size {world}, {args.repeat} run(s) (median us; busbw GB/s; speed-up = peer time / chorus time; "
               "chorus_sym = chorus between symmetric buffers)")
@@ -145,7 +112,7 @@ def main():
                         combined.append([world, op, size, impl, *table[(op, size)]])
 
         def check(label, ok):
-            verdicts.append(f"W={world} {label}: {'met' if ok else 'MISSED'}")
+            verdicts.check(f"W={world} {label}", ok)
 
         ch, mp = results["chorus"], results["mpi"]
         check("barrier <= Open MPI", ch[("barrier", 0)][0] <= mp[("barrier", 0)][0])
@@ -166,8 +133,7 @@ def main():
         w = csv.writer(f)
         w.writerow(["world", "op", "bytes", "impl", "median_us", "busbw_GBps"])
         w.writerows(combined)
-    print("\n## targets (issue 2)")
-    print("\n".join(verdicts))
+    verdicts.print("## targets (issue 2)")
 
 
 if __name__ == "__main__":

@@ -8,18 +8,15 @@ prints the torch layer's ratios and targets.
 With --repeat N everything runs N times, interleaved; each figure is the median of the runs'
 medians. Compare ratios of one run: these machines are shared and noisy.
 """
-import argparse
 import os
 import re
-import statistics
 
-import compare
+import runner
 
 
 def run(cmd, log=None):
-    """compare.run with one BLAS/OpenMP thread per rank, every repeat appended to the log."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    return compare.run(cmd, env=env, log=log, log_mode="a")
+    """runner.run with one BLAS/OpenMP thread per rank, every repeat appended to the log."""
+    return runner.run(cmd, env=runner.one_thread_env(), log=log, log_mode="a")
 
 
 def chorus_cases(text):
@@ -39,38 +36,31 @@ def torch_cases(text):
 
 
 def main():
-    here = os.path.dirname(os.path.abspath(__file__))
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--build", default=os.path.join(here, "..", "build"))
-    ap.add_argument("--anchors", default=os.path.join(here, "..", "..", "shared", "anchors"))
-    ap.add_argument("--np", default="2,4")
-    ap.add_argument("--repeat", type=int, default=1)
-    ap.add_argument("--out", default="bench-results")
-    args = ap.parse_args()
+    args = runner.parser(__doc__, "2,4").parse_args()
     os.makedirs(args.out, exist_ok=True)
     bench = os.path.join(args.build, "bench", "chorus-torch-bench")
-    worlds = [int(w) for w in args.np.split(",")]
+    worlds = runner.worlds(args)
     runs = {w: [] for w in worlds}
     torch_runs = []
     ddp_runs, torch_ddp_runs = [], []
     for _ in range(args.repeat):
         ddp_runs.append(chorus_cases(run([os.path.join(args.build, "bench", "chorus-ddp-bench"), "--np", "2"],
                                          os.path.join(args.out, "chorus-ddp.txt"))))
-        out = run([compare.default_python(), os.path.join(args.anchors, "torch_ddp_bench.py"), "2"],
+        out = run([runner.default_python(), os.path.join(args.anchors, "torch_ddp_bench.py"), "2"],
                   os.path.join(args.out, "torch-ddp.txt"))
         torch_ddp_runs.append({"ddp": float(m.group(1)) for m in re.finditer(r"median_ms=([\d.]+)", out)})
         for w in worlds:
             runs[w].append(chorus_cases(run([bench, "--np", str(w), "--iters", "20"],
                                             os.path.join(args.out, f"chorus-torch-np{w}.txt"))))
         script = os.path.join(args.anchors, "torch_object_bench.py")
-        torch_runs.append(torch_cases(run([compare.default_python(), script, "2"], os.path.join(args.out, "torch-object.txt"))))
+        torch_runs.append(torch_cases(run([runner.default_python(), script, "2"], os.path.join(args.out, "torch-object.txt"))))
 
-    med = lambda rows, key: statistics.median(r[key] for r in rows if key in r)
-    torch_obj = med(torch_runs, "broadcast_object_list_100MB_dict")
-    torch_raw = med(torch_runs, "broadcast_raw_100MB")
-    verdicts = []
+    torch_obj = runner.medians(torch_runs)
+    torch_raw = torch_obj["broadcast_raw_100MB"]
+    torch_obj = torch_obj["broadcast_object_list_100MB_dict"]
+    verdicts = runner.Verdicts()
     for w in worlds:
-        r = {k: med(runs[w], k) for k in runs[w][0]}
+        r = runner.medians(runs[w])
         print(f"\n== world {w} (median ms over {args.repeat} run(s))")
         for k, v in r.items():
             print(f"  {k:32s} {v:9.3f}")
@@ -79,14 +69,15 @@ def main():
         print(f"  object dict / bare tensors        {dict_vs_bare:6.2f}x   (target <= 1.5)")
         print(f"  1000 separate Fabric calls / dict {coalesced:6.2f}x   (target >= 5)")
         print(f"  1000 in-place calls / dict        {r['all_reduce_separate_inplace'] / r['all_reduce_dict_coalesced']:6.2f}x")
-        verdicts += [(f"W={w} dict <= 1.5x bare", dict_vs_bare <= 1.5), (f"W={w} coalesced >= 5x", coalesced >= 5)]
+        verdicts.check(f"W={w} dict <= 1.5x bare", dict_vs_bare <= 1.5)
+        verdicts.check(f"W={w} coalesced >= 5x", coalesced >= 5)
         if w == 2:
             speedup = torch_obj / r["broadcast_object_100MB_dict"]
             print(f"  torch broadcast_object_list       {torch_obj:9.3f}  -> chorus {speedup:5.1f}x faster (target >= 10)")
             print(f"  torch dist.broadcast (bare)       {torch_raw:9.3f}  -> chorus bare {torch_raw / r['broadcast_bare_100MB']:5.1f}x faster")
-            verdicts.append(("W=2 object broadcast >= 10x torch", speedup >= 10))
-    d = {k: med(ddp_runs, k) for k in ddp_runs[0]}
-    t = med(torch_ddp_runs, "ddp")
+            verdicts.check("W=2 object broadcast >= 10x torch", speedup >= 10)
+    d = runner.medians(ddp_runs)
+    t = runner.medians(torch_ddp_runs)["ddp"]
     print(f"\n== DDP, reference MLP (12.6M parameters), W=2, median step ms over {args.repeat} run(s)")
     print(f"  torch DDP (gloo)                  {t:9.2f}")
     for k, v in d.items():
@@ -97,10 +88,8 @@ def main():
     print(f"  chorus DDP vs torch DDP           {speed:6.2f}x   (target >= 1.5)")
     print(f"  sync cost: {comm_after:.2f} ms after backward, {comm_overlap:.2f} ms with overlap"
           f" ({100 * (1 - comm_overlap / comm_after) if comm_after > 0 else 0:.0f}% hidden)")
-    verdicts.append(("W=2 DDP step >= 1.5x torch DDP", speed >= 1.5))
-    print()
-    for label, ok in verdicts:
-        print(f"{'PASS' if ok else 'MISS'}  {label}")
+    verdicts.check("W=2 DDP step >= 1.5x torch DDP", speed >= 1.5)
+    verdicts.print()
 
 
 if __name__ == "__main__":

@@ -122,6 +122,21 @@ TEST(Walkers, ConcatenateSliceAndBatchSize) {
   EXPECT_TRUE(same(cat.at("a").toTensor(), at::cat({at::ones({2, 3}), at::full({1, 3}, 2.0f)})));
   EXPECT_TRUE(same(cat.at("list").toList().get(0).toTensor(), at::cat({at::zeros({2}), at::ones({4})})));
   EXPECT_THROW(concatenate({}), InvalidArgument);
+  {  // dicts pair up by key, as Accelerate's (insertion order may differ); structures must match
+    c10::impl::GenericDict x(c10::StringType::get(), c10::TensorType::get()), y = x.copy();
+    x.insert("p", at::ones({1}));
+    x.insert("q", at::zeros({1}));
+    y.insert("q", at::full({1}, 3.0f));
+    y.insert("p", at::full({1}, 2.0f));
+    auto xy = concatenate({x, y}).toGenericDict();
+    EXPECT_TRUE(same(xy.at("p").toTensor(), at::tensor({1.0f, 2.0f})));
+    EXPECT_TRUE(same(xy.at("q").toTensor(), at::tensor({0.0f, 3.0f})));
+    c10::impl::GenericDict z(c10::StringType::get(), c10::TensorType::get());
+    z.insert("p", at::ones({1}));
+    z.insert("r", at::ones({1}));
+    EXPECT_THROW(concatenate({x, z}), InvalidArgument);
+    EXPECT_THROW(concatenate({a, c10::IValue(at::ones({1}))}), InvalidArgument);
+  }
   auto with_string = c10::ivalue::Tuple::create({at::ones({1}), std::string("x")});
   try {
     concatenate({with_string, with_string});
@@ -136,6 +151,12 @@ TEST(Walkers, ConcatenateSliceAndBatchSize) {
   EXPECT_EQ(find_batch_size(a), 2);
   EXPECT_EQ(find_batch_size(c10::ivalue::Tuple::create({at::ones({5, 1})})), 5);
   EXPECT_THROW(find_batch_size(c10::impl::GenericList(c10::TensorType::get())), InvalidArgument);
+  {  // the first item is followed even when empty, as Accelerate's
+    c10::impl::GenericList first_empty(c10::AnyType::get());
+    first_empty.push_back(c10::impl::GenericList(c10::TensorType::get()));
+    first_empty.push_back(at::ones({3}));
+    EXPECT_THROW(find_batch_size(first_empty), InvalidArgument);
+  }
   EXPECT_THROW(find_batch_size(c10::IValue(std::string("no"))), InvalidArgument);
   EXPECT_THROW(find_batch_size(at::ones({})), InvalidArgument);
   EXPECT_EQ(find_device(a), at::Device(at::kCPU));
@@ -146,6 +167,18 @@ TEST(Walkers, DeviceStructureAndPrecision) {
   auto data = nested(at::ones({2, 3}, at::kHalf), at::zeros({2}, at::kBFloat16));
   auto moved = send_to_device(data, at::kCPU, false, {"a"}).toGenericDict();
   EXPECT_TRUE(moved.at("a").toTensor().is_same(data.toGenericDict().at("a").toTensor()));  // skipped key: same tensor
+  {  // a skipped key counts at every depth, and keeps whatever it holds
+    c10::impl::GenericDict inner(c10::StringType::get(), c10::AnyType::get()), outer = inner.copy();
+    inner.insert("a", at::ones({1}, at::kHalf));
+    inner.insert("b", at::ones({1}, at::kHalf));
+    outer.insert("in", inner);
+    auto moved2 = send_to_device(outer, at::Device(at::kCPU), false, {"a"}).toGenericDict();
+    EXPECT_TRUE(moved2.at("in").toGenericDict().at("a").toTensor().is_same(inner.at("a").toTensor()));
+    auto send = [](const c10::IValue& v, const std::vector<std::string>& skip) {
+      return send_to_device(v, at::Device(at::kCPU), false, skip);
+    };
+    EXPECT_TRUE(send(outer, {"in"}).toGenericDict().at("in").toGenericDict().is(inner));
+  }
 
   auto structure = get_data_structure(data);
   auto info = structure.toGenericDict().at("a");

@@ -12,7 +12,6 @@
 namespace chorus {
 
 using detail::concat;
-using detail::tree::item_type;
 
 namespace {
 
@@ -93,49 +92,52 @@ c10::IValue initialize_tensors(const c10::IValue& data_structure) {
 
 c10::IValue concatenate(const std::vector<c10::IValue>& data, int64_t dim) {
   if (data.empty()) throw InvalidArgument("concatenate: the list of collections is empty");
-  const c10::IValue& first = data[0];
-  auto same_kind = [&](bool ok) {
-    if (!ok) throw InvalidArgument("concatenate: the collections differ in structure (kind or length)");
-  };
-  if (first.isList() || first.isTuple()) {
-    auto elems = [](const c10::IValue& v) { return v.isList() ? v.toList().vec() : v.toTupleRef().elements().vec(); };
-    const size_t n = elems(first).size();
-    std::vector<c10::IValue> items;
-    for (size_t i = 0; i < n; ++i) {
-      std::vector<c10::IValue> column;
-      for (const auto& d : data) {
-        same_kind((d.isList() || d.isTuple()) && d.isList() == first.isList() && elems(d).size() == n);
-        column.push_back(elems(d)[i]);
+  // Walks the first collection; `at` follows each collection to the same place (dicts by key, as
+  // Accelerate's does), and each tensor leaf is concatenated with its partners.
+  struct Zip : detail::tree::Visitor {
+    std::vector<c10::IValue> at;               // per collection: the value at the walk's place
+    std::vector<std::vector<c10::IValue>> up;  // `at` of each open container
+    std::vector<c10::IValue> joined;           // per leaf of the first, in leaf order
+    int64_t dim;
+    bool is_leaf(const c10::IValue& v) const { return !detail::tree::is_container(v); }
+    void leaf(const c10::IValue&) {
+      std::vector<at::Tensor> tensors;
+      for (const auto& d : at) {
+        if (!d.isTensor())
+          throw InvalidArgument(concat("concatenate: found a ", d.type()->annotation_str(),
+                                       " where only tensors (in lists, tuples and dicts) can be concatenated"));
+        tensors.push_back(d.toTensor());
       }
-      items.push_back(concatenate(column, dim));
+      joined.emplace_back(at::cat(tensors, dim));
     }
-    return honor_type(first, std::move(items));
-  }
-  if (first.isGenericDict()) {
-    auto dict = first.toGenericDict();
-    std::vector<c10::IValue> values;
-    for (const auto& item : dict) {
-      std::vector<c10::IValue> column;
-      for (const auto& d : data) {
-        same_kind(d.isGenericDict() && d.toGenericDict().size() == dict.size() &&
-                  d.toGenericDict().contains(item.key()));
-        column.push_back(d.toGenericDict().at(item.key()));
+    void open(const c10::IValue& v) {
+      const size_t n = v.isList()    ? v.toListRef().size()
+                       : v.isTuple() ? v.toTupleRef().elements().size()
+                                     : v.toGenericDict().size();
+      for (const auto& d : at) {
+        const bool same = v.isGenericDict()
+                              ? d.isGenericDict() && d.toGenericDict().size() == n
+                              : (d.isList() || d.isTuple()) && d.isList() == v.isList() &&
+                                    (d.isList() ? d.toListRef().size() : d.toTupleRef().elements().size()) == n;
+        if (!same) throw InvalidArgument("concatenate: the collections differ in structure (kind or length)");
       }
-      values.push_back(concatenate(column, dim));
+      up.push_back(at);
     }
-    c10::impl::GenericDict out(dict.keyType(), item_type(dict.valueType(), values));
-    size_t i = 0;
-    for (const auto& item : dict) out.insert(item.key(), std::move(values[i++]));
-    return out;
-  }
-  std::vector<at::Tensor> tensors;
-  for (const auto& d : data) {
-    if (!d.isTensor())
-      throw InvalidArgument(concat("concatenate: found a ", d.type()->annotation_str(),
-                                   " where only tensors (in lists, tuples and dicts) can be concatenated"));
-    tensors.push_back(d.toTensor());
-  }
-  return at::cat(tensors, dim);
+    void child(size_t i, const c10::IValue* key) {
+      for (size_t k = 0; k < at.size(); ++k) {
+        const c10::IValue& d = up.back()[k];
+        if (key && !d.toGenericDict().contains(*key))
+          throw InvalidArgument("concatenate: the collections differ in structure (kind or length)");
+        at[k] = key ? d.toGenericDict().at(*key) : d.isList() ? d.toListRef()[i] : d.toTupleRef().elements()[i];
+      }
+    }
+    void close(const c10::IValue&) { up.pop_back(); }
+  } zip;
+  zip.at = data;
+  zip.dim = dim;
+  detail::tree::walk(data[0], zip);
+  return detail::tree::map_leaves(data[0], local_leaf,
+                                  [&](const c10::IValue&, size_t i) -> c10::IValue { return zip.joined[i]; });
 }
 
 c10::IValue slice_tensors(const c10::IValue& data, int64_t start, int64_t stop) {
@@ -146,58 +148,64 @@ c10::IValue slice_tensors(const c10::IValue& data, int64_t start, int64_t stop) 
 
 c10::IValue send_to_device(const c10::IValue& data, const at::Device& device, bool non_blocking,
                            const std::vector<std::string>& skip_keys) {
-  if (data.isTensor()) return data.toTensor().to(device, non_blocking);
-  if (data.isGenericDict()) {
-    auto dict = data.toGenericDict();
-    std::vector<c10::IValue> values;
-    for (const auto& item : dict) {
-      const bool skip = item.key().isString() &&
-                        std::find(skip_keys.begin(), skip_keys.end(), item.key().toStringRef()) != skip_keys.end();
-      values.push_back(skip ? item.value() : send_to_device(item.value(), device, non_blocking, skip_keys));
-    }
-    c10::impl::GenericDict out(dict.keyType(), item_type(dict.valueType(), values));
-    size_t i = 0;
-    for (const auto& item : dict) out.insert(item.key(), std::move(values[i++]));
-    return out;
-  }
-  if (data.isList() || data.isTuple()) {
-    std::vector<c10::IValue> items;
-    for (const auto& i : data.isList() ? data.toList().vec() : data.toTupleRef().elements().vec())
-      items.push_back(send_to_device(i, device, non_blocking, skip_keys));
-    return honor_type(data, std::move(items));
-  }
-  return data;
+  // A dict value under a skipped key stays as it is, whatever it holds (at every depth, as Accelerate's).
+  auto skipped = [&](const c10::IValue* key) {
+    return key && key->isString() &&
+           std::find(skip_keys.begin(), skip_keys.end(), key->toStringRef()) != skip_keys.end();
+  };
+  return detail::tree::map_leaves(
+      data, [&](const c10::IValue& v, const c10::IValue* key) { return skipped(key) || local_leaf(v); },
+      [&](const c10::IValue& leaf, size_t, const c10::IValue* key) -> c10::IValue {
+        return leaf.isTensor() && !skipped(key) ? c10::IValue(leaf.toTensor().to(device, non_blocking)) : leaf;
+      });
 }
 
+namespace {
+
+// The first leaf in leaf order (Accelerate follows the first item of every list and dict).
+struct FirstLeaf : detail::tree::Visitor {
+  bool found = false;
+  c10::IValue value;
+  const char* empty = nullptr;  // the kind of an empty container reached before any leaf
+  bool is_leaf(const c10::IValue& v) const { return !detail::tree::is_container(v); }
+  void leaf(const c10::IValue& v) {
+    found = true;
+    value = v;
+  }
+  void open(const c10::IValue& v) {
+    const bool none = v.isGenericDict() ? v.toGenericDict().empty()
+                      : v.isList()      ? v.toListRef().empty()
+                                        : v.toTupleRef().elements().empty();
+    if (!none) return;
+    empty = v.isGenericDict() ? "dict" : "list or tuple";
+    found = true;
+  }
+  bool done() const { return found; }
+};
+
+}  // namespace
+
 int64_t find_batch_size(const c10::IValue& data) {
-  if (data.isList() || data.isTuple()) {
-    const auto items = data.isList() ? data.toList().vec() : data.toTupleRef().elements().vec();
-    if (items.empty()) throw InvalidArgument("find_batch_size: the data is an empty list or tuple");
-    return find_batch_size(items[0]);
-  }
-  if (data.isGenericDict()) {
-    auto dict = data.toGenericDict();
-    if (dict.empty()) throw InvalidArgument("find_batch_size: the data is an empty dict");
-    return find_batch_size(dict.begin()->value());
-  }
-  if (!data.isTensor())
-    throw InvalidArgument(concat("find_batch_size: found a ", data.type()->annotation_str(),
+  FirstLeaf first;
+  detail::tree::walk(data, first);
+  if (first.empty) throw InvalidArgument(concat("find_batch_size: the data is an empty ", first.empty));
+  if (!first.value.isTensor())
+    throw InvalidArgument(concat("find_batch_size: found a ", first.value.type()->annotation_str(),
                                  " where a tensor (or a list, tuple or dict starting with one) was expected"));
-  const auto& t = data.toTensor();
+  const auto& t = first.value.toTensor();
   if (t.dim() == 0) throw InvalidArgument("find_batch_size: the first tensor is 0-d and has no batch dimension");
   return t.size(0);
 }
 
 std::optional<at::Device> find_device(const c10::IValue& data) {
-  if (data.isTensor()) return data.toTensor().device();
-  if (data.isList() || data.isTuple()) {
-    for (const auto& i : data.isList() ? data.toList().vec() : data.toTupleRef().elements().vec())
-      if (auto d = find_device(i)) return d;
-  }
-  if (data.isGenericDict())
-    for (const auto& item : data.toGenericDict())
-      if (auto d = find_device(item.value())) return d;
-  return std::nullopt;
+  struct FirstTensor : detail::tree::Visitor {
+    std::optional<at::Device> device;
+    bool is_leaf(const c10::IValue& v) const { return v.isTensor(); }
+    void leaf(const c10::IValue& v) { device = v.toTensor().device(); }
+    bool done() const { return device.has_value(); }
+  } first;
+  detail::tree::walk(data, first);
+  return first.device;
 }
 
 c10::IValue convert_to_fp32(const c10::IValue& data) {

@@ -10,6 +10,7 @@
 #include <ATen/core/ivalue.h>
 
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace chorus::detail::tree {
@@ -65,7 +66,9 @@ c10::TypePtr item_type(const c10::TypePtr& old, const std::vector<c10::IValue>& 
 c10::IValue rebuild(const c10::IValue& like, std::vector<c10::IValue> children, bool types_kept);
 
 // v with every leaf replaced by fn(leaf, index) (index in leaf order), containers rebuilt with
-// their kinds (rebuild()). Values that are neither leaf nor container stay as they are.
+// their kinds (rebuild()). Values that are neither leaf nor container stay as they are. Either
+// function may also take the dict key the value sits under (null elsewhere) as its last argument:
+// is_leaf(value, key), fn(leaf, index, key).
 template <class IsLeaf, class Fn>
 c10::IValue map_leaves(const c10::IValue& v, IsLeaf&& is_leaf, Fn&& fn);
 
@@ -92,16 +95,27 @@ c10::IValue map_leaves(const c10::IValue& v, IsLeaf&& is_leaf, Fn&& fn) {
     IsLeaf& is_leaf_;
     Fn& fn_;
     size_t index = 0;
+    const c10::IValue* key = nullptr;                 // of the value being visited
     std::vector<std::vector<c10::IValue>> frames{1};  // the children made so far, per open container
     std::vector<bool> kept{true};                     // per frame: every child kept its type
     Map(IsLeaf& l, Fn& f) : is_leaf_(l), fn_(f) {}
-    bool is_leaf(const c10::IValue& x) { return is_leaf_(x); }
+    bool is_leaf(const c10::IValue& x) {
+      if constexpr (std::is_invocable_v<IsLeaf&, const c10::IValue&, const c10::IValue*>)
+        return is_leaf_(x, key);
+      else
+        return is_leaf_(x);
+    }
+    void child(size_t, const c10::IValue* k) { key = k; }
     void add(c10::IValue made, bool same) {
       frames.back().push_back(std::move(made));
       kept.back() = kept.back() && same;
     }
     void leaf(const c10::IValue& x) {
-      c10::IValue made = fn_(x, index++);
+      c10::IValue made;
+      if constexpr (std::is_invocable_v<Fn&, const c10::IValue&, size_t, const c10::IValue*>)
+        made = fn_(x, index++, key);
+      else
+        made = fn_(x, index++);
       const bool same = same_kind(x, made);
       add(std::move(made), same);
     }
