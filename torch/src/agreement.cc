@@ -12,6 +12,8 @@
 //     metadata, building a catalog) runs on every rank, whatever it throws caught; the ranks
 //     exchange the messages and all throw the first failing rank's, naming every rank it failed
 //     on (DCP's _DistWrapper does the same for its steps).
+// Both catch with run_caught, as does the object collectives' producer (objects/collective.cc),
+// whose failure travels in the value's place so that every rank raises, naming the rank.
 #include "agreement.h"
 
 #include <algorithm>
@@ -93,17 +95,23 @@ void throw_mismatch(Communicator& comm, const std::string& what, const std::stri
   throw CollectiveMismatch(concat(what, " on group '", comm.name(), "': ", rule, ":", shown), std::move(texts));
 }
 
-void fail_together(Communicator& comm, const std::function<void()>& fn) {
-  std::string mine;
+Caught run_caught(const std::function<void()>& fn) {
+  Caught c;
   try {
     fn();
   } catch (const InvalidArgument& e) {
-    mine = concat("I", e.what());
+    c = {std::current_exception(), e.what(), true};
   } catch (const std::exception& e) {
-    mine = concat("E", e.what());
-  } catch (...) {  // still this rank's turn in the exchange below, or the others would wait for it
-    mine = "Ean exception that is not a std::exception";
+    c = {std::current_exception(), e.what(), false};
+  } catch (...) {
+    c = {std::current_exception(), "an exception that is not a std::exception", false};
   }
+  return c;
+}
+
+void fail_together(Communicator& comm, const std::function<void()>& fn) {
+  const Caught caught = run_caught(fn);
+  const std::string mine = caught ? concat(caught.invalid_argument ? "I" : "E", caught.message) : std::string();
   const std::vector<std::string> all = all_gather_strings(comm, mine);
   std::string failed;
   int first = -1;

@@ -1,6 +1,7 @@
 // How the ranks of a group agree before they act (Note [Agreement] in agreement.cc).
 #pragma once
 
+#include <exception>
 #include <functional>
 #include <string>
 #include <vector>
@@ -20,6 +21,16 @@ void require_same(Communicator& comm, const std::string& what, const std::string
 // "<what> on group '<name>': <rule>:" then a line per rank (Note [Agreement]).
 [[noreturn]] void throw_mismatch(Communicator& comm, const std::string& what, const std::string& rule,
                                  std::vector<std::string> texts);
+
+// What running user code left behind (every exception caught, as DCP's _DistWrapper: a rank
+// that escaped with an unknown exception would leave the others waiting in the next exchange).
+struct Caught {
+  std::exception_ptr error;  // null: it returned
+  std::string message;       // its what(), or a sentence for a non-std::exception
+  bool invalid_argument = false;
+  explicit operator bool() const { return error != nullptr; }
+};
+Caught run_caught(const std::function<void()>& fn);
 
 // Runs fn on every rank, then the ranks fail together: when it threw on any rank, every rank
 // throws the first failing rank's error (InvalidArgument stays InvalidArgument, anything else

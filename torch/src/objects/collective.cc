@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "agreement.h"
 #include "objects/codec.h"
 
 namespace chorus::detail {
@@ -21,17 +22,16 @@ struct Produced {
   std::exception_ptr error;
 };
 
+// Never throws: a failure travels to the other ranks in place of the value (every rank raises).
 Produced produce_encoded(const std::function<c10::IValue()>& produce) {
   Produced p;
-  try {
+  const Caught caught = run_caught([&] {
     p.value = produce();
     p.encoded = encode_object(p.value);
-  } catch (const std::exception& e) {
-    p.error = std::current_exception();
-    p.encoded = Encoded{encode_error(e.what()), {}};
-  } catch (...) {
-    p.error = std::current_exception();
-    p.encoded = Encoded{encode_error("an exception that is not a std::exception"), {}};
+  });
+  if (caught) {
+    p.error = caught.error;
+    p.encoded = Encoded{encode_error(caught.message), {}};
   }
   return p;
 }
