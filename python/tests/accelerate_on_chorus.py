@@ -18,7 +18,6 @@ import runpy
 import shutil
 import sys
 import tempfile
-import time
 import warnings
 
 import torch
@@ -29,6 +28,7 @@ dist.init_process_group(backend)  # the line a user adds
 os.environ["ACCELERATE_USE_CPU"] = "1"  # Accelerator() reads it; PartialState is told below
 
 from accelerate import Accelerator, PartialState  # noqa: E402
+from goes_first import check_rank_zero_first  # noqa: E402
 from accelerate.utils import (  # noqa: E402
     broadcast,
     broadcast_object_list,
@@ -77,13 +77,8 @@ def check_ops():
     # main_process_first: rank 0's body has finished before any other rank's starts.
     where = [tempfile.mkdtemp() if rank == 0 else None]
     broadcast_object_list(where)
-    marker = os.path.join(where[0], "main-was-here")
-    with accelerator.main_process_first():
-        if rank == 0:
-            time.sleep(0.2)
-            open(marker, "w").close()
-        else:
-            assert os.path.exists(marker), "a rank ran its body before the main process finished"
+    check_rank_zero_first(accelerator.main_process_first(), rank, os.path.join(where[0], "main-was-here"),
+                          "main_process_first")
     accelerator.wait_for_everyone()
     if rank == 0:
         shutil.rmtree(where[0])

@@ -24,6 +24,8 @@ import torch.distributed as dist
 from lightning.fabric import Fabric
 from lightning.fabric.strategies import DDPStrategy
 
+from goes_first import check_rank_zero_first
+
 warnings.filterwarnings("ignore", category=FutureWarning)  # torch 2.13's renamed collectives
 warnings.filterwarnings("ignore", message=".*deprecated.*")
 
@@ -83,12 +85,8 @@ def ops(fabric, skip_dtypes):
     # the same per node. Fabric waits on a gloo group of its own beside the backend's.
     where = fabric.broadcast(tempfile.mkdtemp() if rank == 0 else None, src=0)
     for local in (False, True):
-        marker = os.path.join(where, f"rank0-done-{local}")
-        with fabric.rank_zero_first(local=local):
-            if rank == 0:
-                open(marker, "w").close()
-            else:
-                assert os.path.exists(marker), f"rank_zero_first(local={local}): a rank went before rank 0"
+        check_rank_zero_first(fabric.rank_zero_first(local=local), rank, os.path.join(where, f"rank0-done-{local}"),
+                              f"rank_zero_first(local={local})")
     fabric.barrier()
 
     # setup, setup_dataloaders, no_backward_sync: gradients stay local, then the mean.

@@ -10,6 +10,11 @@ import unittest
 TIMEOUT = 300  # seconds for one launched program
 
 
+def beside(name):
+    """A file of this directory (the scripts the tests launch)."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+
+
 class Namespace:
     """A network namespace with loopback up, for the life of a test class."""
 

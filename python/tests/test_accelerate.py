@@ -12,8 +12,7 @@ import unittest
 
 import launch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPT = os.path.join(HERE, "accelerate_on_chorus.py")
+SCRIPT = launch.beside("accelerate_on_chorus.py")
 
 
 class Accelerate(launch.InNamespace):

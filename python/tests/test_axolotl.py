@@ -8,12 +8,12 @@ PartialState() finds already made.
   PYTHONPATH=<build>/python/site .venv/bin/python python/tests/test_axolotl.py [-v]"""
 import os
 import tempfile
-import time
 import unittest
 
 import torch
 import torch.distributed as dist
 
+from goes_first import check_rank_zero_first
 from ranks import run_ranks
 
 
@@ -32,12 +32,7 @@ def axolotl_calls(rank, world):
     ax.barrier()
     # zero_first: rank 0's body has finished before any other rank's starts.
     marker = os.path.join(tempfile.gettempdir(), f"chorus-axolotl-{os.getppid()}")  # the ranks' common parent
-    with ax.zero_first(ax.is_main_process()):
-        if rank == 0:
-            time.sleep(0.2)
-            open(marker, "w").close()
-        else:
-            assert os.path.exists(marker), "zero_first: a rank went before rank 0"
+    check_rank_zero_first(ax.zero_first(ax.is_main_process()), rank, marker, "zero_first")
     ax.barrier()
     if rank == 0:
         os.unlink(marker)

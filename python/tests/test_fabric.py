@@ -12,8 +12,7 @@ import unittest
 
 import launch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPT = os.path.join(HERE, "fabric_on_chorus.py")
+SCRIPT = launch.beside("fabric_on_chorus.py")
 
 
 class Fabric(launch.InNamespace):

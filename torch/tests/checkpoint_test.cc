@@ -50,6 +50,7 @@ struct Trainer {
     }
   }
   void train(int from, int steps) {
+    step = from + steps;
     const int w = default_group()->size(), r = default_group()->rank(), per = 12 / w;
     for (int k = from; k < from + steps; ++k) {
       auto gen = at::detail::createCPUGenerator(uint64_t(100 + k));
@@ -64,7 +65,7 @@ struct Trainer {
       net->scale.add_(0.25);  // a buffer that changes, equally on every rank
     }
   }
-  CheckpointState state(int64_t& step) { return {{"model", net}, {"optimizer", *opt}, {"step", step}}; }
+  CheckpointState state() { return {{"model", net}, {"optimizer", *opt}, {"step", step}}; }
 
   // Collective: full parameters, buffers and Adam state, as one process would hold them.
   Dict full_view() {
@@ -94,6 +95,7 @@ struct Trainer {
   std::unique_ptr<DistributedDataParallel> ddp;
   std::unique_ptr<ShardedDataParallel> sdp;
   std::unique_ptr<torch::optim::Adam> opt;
+  int64_t step = 0;  // the training step, saved and loaded as "step"
 };
 
 void write_ref(const std::string& path, const Dict& d) {
@@ -141,10 +143,9 @@ TEST(Checkpoint, EveryStrategyAndFormatRoundTripsAcrossWorldSizes) {
       for (Mode m : kModes) {
         Trainer t(m, 1);
         t.train(0, 3);
-        int64_t step = 3;
         const std::string base = dir + "/w" + std::to_string(w) + "-" + name_of(m);
-        save_checkpoint(base + "-full.pt", t.state(step), {.format = CheckpointFormat::Full});
-        save_checkpoint(base + "-sharded", t.state(step), {.format = CheckpointFormat::Sharded});
+        save_checkpoint(base + "-full.pt", t.state(), {.format = CheckpointFormat::Full});
+        save_checkpoint(base + "-sharded", t.state(), {.format = CheckpointFormat::Sharded});
         Dict ref = t.full_view();
         ref.insert("rng", rng_draws());
         t.train(3, 3);
@@ -167,9 +168,8 @@ TEST(Checkpoint, EveryStrategyAndFormatRoundTripsAcrossWorldSizes) {
                                                       " W'=", default_group()->size());
               Trainer t(m, 2);                // other initial values: the load must replace them
               if (m == saved) t.train(7, 1);  // Adam state exists: loaded in place (else made by the load)
-              int64_t step = 0;
-              Dict rest = load_checkpoint(base + "-" + format, t.state(step));
-              RANK_CHECK(step == 3 && rest.size() == 0, what, ": step ", step);
+              Dict rest = load_checkpoint(base + "-" + format, t.state());
+              RANK_CHECK(t.step == 3 && rest.size() == 0, what, ": step ", t.step);
               Dict ref = read_ref(base + "-ref.pt");
               const at::Tensor draws = rng_draws();
               if (w == default_group()->size())
@@ -189,9 +189,8 @@ TEST(Checkpoint, FullFileIsTorchLoadableAndRemainderComesBack) {
   run_world(2, [&] {
     Trainer t(Mode::FullShard, 1);
     t.train(0, 2);
-    int64_t step = 2;
     std::string note = "hello";
-    CheckpointState state = t.state(step);
+    CheckpointState state = t.state();
     state.emplace_back("note", note);
     save_checkpoint(dir + "/c.pt", state, {.format = CheckpointFormat::Full});
     Dict want = t.full_view();
@@ -231,8 +230,7 @@ TEST(Checkpoint, FullFileIsTorchLoadableAndRemainderComesBack) {
 void expect_load_error(int world, const std::string& path, const std::string& needle, Mode mode = Mode::DDP) {
   run_world(world, [&] {
     Trainer t(mode, 2);
-    int64_t step = 0;
-    std::string what = RANK_EXPECT_THROW(InvalidArgument, load_checkpoint(path, t.state(step)));
+    std::string what = RANK_EXPECT_THROW(InvalidArgument, load_checkpoint(path, t.state()));
     RANK_CHECK(what.find(needle) != std::string::npos, "message: ", what, "\n  expected it to say: ", needle);
   });
 }
@@ -242,9 +240,8 @@ TEST(Checkpoint, BadCheckpointsAreNamedOnEveryRank) {
   run_world(3, [&] {
     Trainer t(Mode::FullShard, 1);
     t.train(0, 1);
-    int64_t step = 1;
-    save_checkpoint(dir + "/s", t.state(step));  // sharded (Auto)
-    save_checkpoint(dir + "/f.pt", t.state(step), {.format = CheckpointFormat::Full});
+    save_checkpoint(dir + "/s", t.state());  // sharded (Auto)
+    save_checkpoint(dir + "/f.pt", t.state(), {.format = CheckpointFormat::Full});
   });
   auto data_file = [&](int rank) {
     const std::string tag = detail::concat("-", rank, "-of-3.bin");
@@ -340,8 +337,8 @@ TEST(Checkpoint, AKilledRankNeverLeavesAHalfWrittenCheckpoint) {
       const bool full = std::string(name) == "f.pt";
       run_world(2, [&] {
         Trainer t(Mode::FullShard, 1);
-        int64_t step = 1;
-        save_checkpoint(path, t.state(step), {.format = full ? CheckpointFormat::Full : CheckpointFormat::Sharded});
+        t.step = 1;
+        save_checkpoint(path, t.state(), {.format = full ? CheckpointFormat::Full : CheckpointFormat::Sharded});
       });
       auto results = run_ranks(2, [&](RankContext& ctx) {
         for (const auto& [k, v] : launcher_environment(single_node(ctx.rank, 2, ctx.store_port, "ckpt-kill")))
@@ -349,7 +346,7 @@ TEST(Checkpoint, AKilledRankNeverLeavesAHalfWrittenCheckpoint) {
         init_process_group({.timeout = std::chrono::seconds(20)});
         Trainer t(Mode::FullShard, 1);
         t.train(0, 1);
-        int64_t step = 2;
+        t.step = 2;  // saved over the step-1 checkpoint
         if (ctx.rank == 1)
           std::thread([delay_ms] {
             std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
@@ -357,15 +354,14 @@ TEST(Checkpoint, AKilledRankNeverLeavesAHalfWrittenCheckpoint) {
           }).detach();
         const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
         while (std::chrono::steady_clock::now() < until)  // the kill lands somewhere in these saves
-          save_checkpoint(path, t.state(step), {.format = full ? CheckpointFormat::Full : CheckpointFormat::Sharded});
+          save_checkpoint(path, t.state(), {.format = full ? CheckpointFormat::Full : CheckpointFormat::Sharded});
       });
       EXPECT_EQ(results[1].signal, SIGKILL);
       EXPECT_NE(results[0].exit_code, 0) << "rank 0 must see its peer die";
       run_world(1, [&] {
         Trainer t(Mode::DDP, 2);
-        int64_t step = 0;
-        load_checkpoint(path, t.state(step));
-        RANK_CHECK(step == 1 || step == 2, "step ", step);
+        load_checkpoint(path, t.state());
+        RANK_CHECK(t.step == 1 || t.step == 2, "step ", t.step);
       });
     }
   }
