@@ -7,6 +7,8 @@
 // full_shard_units (each Linear a unit). Each mode runs in fresh processes, so peak RSS is its
 // own. --params picks H for another size (400M: H = 8192); unless --modes names it, a mode whose
 // estimated memory exceeds what the machine has available is skipped with a line that says so.
+// --layers L --width H: L hidden layers of width H instead (--layers 600 --width 64: 1,202
+// parameter tensors, where any per-parameter cost of the sharded engine shows).
 #include <chorus/chorus.h>
 #include <sys/resource.h>
 #include <torch/torch.h>
@@ -70,9 +72,9 @@ int64_t optimizer_bytes(torch::optim::Adam& opt) {
   return b;
 }
 
-void run_mode(chorus::Fabric& fabric, const std::string& mode, int64_t h, int warmup, int steps) {
+void run_mode(chorus::Fabric& fabric, const std::string& mode, int64_t h, int layers, int warmup, int steps) {
   const int rank = fabric.global_rank();
-  auto model = make_mlp(h);
+  auto model = make_mlp(h, layers);
   std::unique_ptr<chorus::DistributedDataParallel> ddp;
   std::unique_ptr<chorus::ShardedDataParallel> sdp;
   std::vector<at::Tensor> params;
@@ -117,7 +119,7 @@ void run_mode(chorus::Fabric& fabric, const std::string& mode, int64_t h, int wa
   chorus::default_group()->all_reduce_(rss, chorus::ReduceOp::Max);
   if (fabric.is_global_zero())
     std::printf("%s world=%d params=%lld median_ms=%.1f peak_rss_mib=%.0f model_state_mib=%.0f\n", mode.c_str(),
-                fabric.world_size(), (long long)mlp_params(h), ms[ms.size() / 2], rss.item<double>(),
+                fabric.world_size(), (long long)mlp_params(h, layers), ms[ms.size() / 2], rss.item<double>(),
                 double(state) / (1 << 20));
   std::fflush(stdout);
   fabric.barrier();
@@ -127,23 +129,26 @@ void run_mode(chorus::Fabric& fabric, const std::string& mode, int64_t h, int wa
 
 int main(int argc, char** argv) {
   CLI::App app{"chorus-sharded-bench: DDP and sharded data parallel on a Linear-ReLU MLP"};
-  int world = 2, warmup = 2, steps = 8;
+  int world = 2, warmup = 2, steps = 8, layers = 6;
+  int64_t width = 0;
   std::string params = "100.7M", modes = "ddp,shard_grad_op,full_shard,full_shard_units", mode;
   app.add_option("--world,--np", world, "ranks to start when no launcher did")->check(CLI::PositiveNumber);
   app.add_option("--params", params, "model size (100.7M: H=4096; 400M: H=8192)");
   app.add_option("--modes", modes, "comma-separated: ddp, shard_grad_op, full_shard, full_shard_units");
   app.add_option("--warmup", warmup, "untimed steps")->check(CLI::NonNegativeNumber);
   app.add_option("--steps", steps, "timed steps")->check(CLI::PositiveNumber);
+  app.add_option("--layers", layers, "hidden Linear(H,H) layers")->check(CLI::PositiveNumber);
+  app.add_option("--width", width, "H (default: from --params)")->check(CLI::PositiveNumber);
   app.add_option("--mode", mode, "(internal) run this one mode in this set of ranks");
   CLI11_PARSE(app, argc, argv);
   const bool modes_given = app.count("--modes") > 0;
-  const int64_t h = width_for(parse_count(params));
-  const double psi = double(mlp_params(h));
+  const int64_t h = width ? width : width_for(parse_count(params) * 6 / layers);
+  const double psi = double(mlp_params(h, layers));
 
   if (mode.empty() && std::getenv("RANK") == nullptr && std::getenv("CHORUS_RANK") == nullptr) {
     // One fresh set of ranks per mode, so each peak RSS is that mode's.
-    std::printf("# chorus-sharded-bench: world=%d H=%lld params=%.1fM batch 16/rank Adam, %d+%d steps\n", world,
-                (long long)h, psi / 1e6, warmup, steps);
+    std::printf("# chorus-sharded-bench: world=%d H=%lld layers=%d params=%.1fM batch 16/rank Adam, %d+%d steps\n",
+                world, (long long)h, layers, psi / 1e6, warmup, steps);
     std::fflush(stdout);
     std::stringstream list(modes);
     std::string m;
@@ -161,8 +166,9 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
         continue;
       }
-      std::string cmd = std::string(argv[0]) + " --world " + std::to_string(world) + " --params " + params +
-                        " --warmup " + std::to_string(warmup) + " --steps " + std::to_string(steps) + " --mode " + m;
+      std::string cmd = std::string(argv[0]) + " --world " + std::to_string(world) + " --width " + std::to_string(h) +
+                        " --layers " + std::to_string(layers) + " --warmup " + std::to_string(warmup) + " --steps " +
+                        std::to_string(steps) + " --mode " + m;
       if (std::system(cmd.c_str()) != 0) ++failed;
     }
     return failed ? 1 : 0;
@@ -170,6 +176,6 @@ int main(int argc, char** argv) {
   at::set_num_threads(1);
   chorus::Fabric fabric({.devices = world});
   fabric.launch();
-  run_mode(fabric, mode.empty() ? std::string("full_shard_units") : mode, h, warmup, steps);
+  run_mode(fabric, mode.empty() ? std::string("full_shard_units") : mode, h, layers, warmup, steps);
   return 0;
 }

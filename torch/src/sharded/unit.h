@@ -1,5 +1,5 @@
-// A unit: parameters gathered, freed and reduced together (FSDP2's FSDPParamGroup; Note [Sharded
-// units] in state.cc). Its reductions are in backward.cc.
+// A unit: parameters gathered, freed and reduced together (FSDP2's FSDPParamGroup;
+// Note [Sharded units] in state.cc). Its reductions are in backward.cc.
 #pragma once
 
 #include <exception>
