@@ -562,5 +562,40 @@ TEST(Sharded, TiedParametersAreShardedOnceAndAModuleOutlivingItsShardsSaysSo) {
   });
 }
 
+struct Transposed : torch::nn::Module {
+  Transposed() {
+    torch::manual_seed(0);
+    w = register_parameter("w", (torch::randn({4, 3}) * 0.5).t());  // (3, 4), not contiguous
+  }
+  at::Tensor forward(const at::Tensor& x) { return x.mm(w).tanh(); }
+  at::Tensor w;
+};
+
+TEST(Sharded, ANonContiguousParameterTrainsAsInOneProcess) {
+  for_worlds({2, 3}, [] {
+    const int w = default_group()->size(), me = default_group()->rank(), b = 2;
+    auto model = std::make_shared<Transposed>(), ref = std::make_shared<Transposed>();
+    RANK_CHECK(!model->w.is_contiguous());
+    ShardedDataParallel sdp(model);
+    RANK_CHECK(sdp.parameters()[0].requires_grad(), "the shard of a non-contiguous parameter must want a gradient");
+    torch::optim::SGD opt(sdp.parameters(), 0.1);
+    torch::optim::SGD ref_opt(std::vector<at::Tensor>{ref->w}, 0.1);
+    for (int step = 0; step < 3; ++step) {
+      auto [x, y] = global_batch(step, w, b, 3, 4);
+      opt.zero_grad();
+      sdp.forward([&] { return torch::mse_loss(model->forward(x.narrow(0, me * b, b)), y.narrow(0, me * b, b)); })
+          .backward();
+      opt.step();
+      ref_opt.zero_grad();
+      torch::mse_loss(ref->forward(x), y).backward();
+      ref_opt.step();
+    }
+    auto full = sdp.full_state_dict();
+    at::Tensor t = me == 0 ? full["w"] : at::empty({3, 4});
+    default_group()->broadcast_(t, 0);
+    RANK_CHECK((t - ref->w).abs().max().item<double>() <= 1e-5, "trained apart from one process: ", t, ref->w);
+  });
+}
+
 }  // namespace
 }  // namespace chorus::test

@@ -39,7 +39,7 @@ ShardedParam::ShardedParam(std::string name_, at::Tensor param_, const at::Tenso
       unit(unit_) {
   shard = at::zeros({shard_numel}, values.options().requires_grad(false));
   if (mine.size() > 0) shard.narrow(0, 0, mine.size()).copy_(values.reshape({-1}).narrow(0, mine.begin, mine.size()));
-  shard.set_requires_grad(values.requires_grad());
+  shard.set_requires_grad(param.requires_grad());  // (values may be a contiguous copy, made without grad)
 }
 
 void ShardedParam::gather(ShardingContext& c) {
