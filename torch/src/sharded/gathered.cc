@@ -42,16 +42,6 @@ using detail::concat;
 using detail::GatheredEntry;
 using detail::ShardedState;
 
-namespace {
-
-std::string describe_list(const std::vector<std::string>& names, std::optional<int> modifier) {
-  std::string s = "[";
-  for (size_t i = 0; i < names.size(); ++i) s += concat(i ? ", " : "", names[i]);
-  return concat(s, "] modifier_rank=", modifier ? std::to_string(*modifier) : std::string("none"));
-}
-
-}  // namespace
-
 GatheredParameters::GatheredParameters(std::vector<at::Tensor> params, std::optional<int> modifier_rank, bool enabled) {
   if (enabled) enter(std::move(params), modifier_rank);
 }
@@ -70,6 +60,12 @@ GatheredParameters::GatheredParameters(const std::vector<std::shared_ptr<torch::
 namespace {
 
 using Entries = std::vector<std::shared_ptr<GatheredEntry>>;
+
+std::string describe_list(const std::vector<std::string>& names, std::optional<int> modifier) {
+  std::string s = "[";
+  for (size_t i = 0; i < names.size(); ++i) s += concat(i ? ", " : "", names[i]);
+  return concat(s, "] modifier_rank=", modifier ? std::to_string(*modifier) : std::string("none"));
+}
 
 std::shared_ptr<GatheredEntry>& entry_for(Entries& entries, const detail::Placement& where) {
   auto it = std::find_if(entries.begin(), entries.end(), [&](const auto& e) {
