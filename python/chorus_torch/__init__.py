@@ -28,6 +28,11 @@ from . import _C  # noqa: E402
 # tensors before the interpreter finalizes.
 atexit.register(_C._exiting)
 
+# Note [Buckets in symmetric memory] (src/backend.h): torch's DDP takes its gradient buckets from
+# the backend only when DDP_DISABLE_COMM_MEM is 0; set it before any DDP is built, unless the user
+# chose.
+os.environ.setdefault("DDP_DISABLE_COMM_MEM", "0")
+
 if "CHORUS" not in dist.Backend._plugins:
     # devices=["cpu"]: chorus serves CPU tensors; "cpu:chorus,cuda:nccl" pairs it with another
     # backend for CUDA tensors.

@@ -183,6 +183,10 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupChorus::split(const c10::intrusive
   return create(store, int(me - ranks.begin()), int(ranks.size()), opts ? opts->timeout : timeout_, name + "]", global);
 }
 
+at::Tensor ProcessGroupChorus::allocateTensor(long size, at::TensorOptions options) {
+  return pg_->alloc_symmetric(size, options);
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::issue(c10d::OpType type, const char* title,
                                                          std::vector<at::Tensor> outputs, bool sync,
                                                          const std::function<void(TensorAsyncOptions)>& start) {

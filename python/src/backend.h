@@ -102,6 +102,15 @@ class ProcessGroupChorus : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
                                           const c10::intrusive_ptr<Options>& opts) override;
 
+  // Note [Buckets in symmetric memory]: torch's DDP reducer asks its group's backend for the
+  // memory of its gradient buckets when DDP_DISABLE_COMM_MEM is 0 (torch's default is 1;
+  // chorus_torch sets 0 unless the user set it). chorus gives them the group's symmetric memory
+  // (Note [Symmetric memory]), so that each bucket's all_reduce moves bytes straight between the
+  // ranks' buckets, without staging. Collective, as the reducer's bucket building is: every rank
+  // builds the same buckets in the same order.
+  bool supportsTensorAlloc(c10::DeviceIndex /*device_index*/) override { return true; }
+  at::Tensor allocateTensor(long size, at::TensorOptions options = {}) override;
+
   // The number of collectives issued on this group (TORCH_DISTRIBUTED_DEBUG=DETAIL's wrapper
   // compares it between ranks before each collective).
   void setSequenceNumberForGroup() override { sequence_ = 0; }

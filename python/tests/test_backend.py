@@ -57,6 +57,50 @@ def ddp_matches_one_process(rank, world):
         assert torch.allclose(p, q, atol=1e-5), (p - q).abs().max()
 
 
+def shm_mapping(address):
+    """The /dev/shm/chorus-* mapping (a chorus shared-memory object) that holds `address`, or None."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split()
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            if lo <= address < hi:
+                return parts[5] if len(parts) > 5 and parts[5].startswith("/dev/shm/chorus-") else None
+    return None
+
+
+def ddp_buckets_in_symmetric_memory(rank, world):
+    # Note [Buckets in symmetric memory]: chorus_torch turned torch's switch on, so the reducer's
+    # buckets (built again after the first step) come from chorus's symmetric memory, whether the
+    # gradients are views of them or copied in and out; with the switch off they do not.
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    assert os.environ.get("DDP_DISABLE_COMM_MEM") == "0", os.environ.get("DDP_DISABLE_COMM_MEM")
+    for disable, as_view in (("0", False), ("0", True), ("1", False)):
+        os.environ["DDP_DISABLE_COMM_MEM"] = disable
+        model = torch.nn.parallel.DistributedDataParallel(mlp(), gradient_as_bucket_view=as_view)
+        where = []
+
+        def hook(state, bucket):
+            where.append(shm_mapping(bucket.buffer().data_ptr()))
+            return allreduce_hook(state, bucket)
+
+        model.register_comm_hook(None, hook)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(3):
+            opt.zero_grad()
+            x, y = batches(step, rank, world)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+        want = train_reference(3, lambda s, _: batches(s, None, world))
+        for p, q in zip(model.module.parameters(), want.parameters()):
+            assert torch.allclose(p, q, atol=1e-5), (disable, as_view, (p - q).abs().max())
+        assert where, "the comm hook never ran"
+        if disable == "0":
+            assert all(where), f"gradient_as_bucket_view={as_view}: buckets outside symmetric memory: {where}"
+        else:
+            assert not any(where), f"DDP_DISABLE_COMM_MEM=1, yet buckets in chorus's shared memory: {where}"
+    os.environ["DDP_DISABLE_COMM_MEM"] = "0"
+
+
 class Unused(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -200,6 +244,9 @@ def subgroups(rank, world):
 class Backend(unittest.TestCase):
     def test_ddp_matches_one_process(self):
         run_ranks(ddp_matches_one_process, world=2)
+
+    def test_ddp_buckets_in_symmetric_memory(self):
+        run_ranks(ddp_buckets_in_symmetric_memory, world=2)
 
     def test_ddp_find_unused_parameters(self):
         run_ranks(ddp_find_unused, world=2)

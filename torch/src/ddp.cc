@@ -74,20 +74,6 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
   void reset();
 };
 
-namespace {
-
-// A zeroed flat bucket; in symmetric memory when it is on the CPU. Collective over the group:
-// every rank builds the same buckets in the same order.
-at::Tensor bucket_buffer(ProcessGroup& group, int64_t numel, const at::TensorOptions& options) {
-  if (!options.device().is_cpu() || numel == 0) return at::zeros({numel}, options);
-  SymmetricMemory mem = group.communicator().alloc_symmetric(size_t(numel) * options.dtype().itemsize());
-  void* data = mem.data();
-  return torch::from_blob(
-      data, {numel}, [mem = std::move(mem)](void*) {}, options);
-}
-
-}  // namespace
-
 void DistributedDataParallel::Reducer::mark_ready(size_t i) {
   std::lock_guard<std::mutex> lock(mu);
   if (!sync) return;  // no_sync: gradients accumulate in .grad
@@ -229,7 +215,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     b.params = idx;
     int64_t total = 0;
     for (size_t i : idx) total += r.params[i].numel();
-    b.buffer = bucket_buffer(*group_, total, r.params[idx[0]].options().requires_grad(false));
+    b.buffer = group_->alloc_symmetric(total, r.params[idx[0]].options().requires_grad(false));
     int64_t off = 0;
     for (size_t s = 0; s < idx.size(); ++s) {
       const at::Tensor& p = r.params[idx[s]];

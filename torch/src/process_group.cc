@@ -256,6 +256,14 @@ ProcessGroup::ProcessGroup(std::shared_ptr<Communicator> comm, std::vector<int> 
   CHORUS_ENFORCE_EQ(ranks_.size(), size_t(comm_->size()));
 }
 
+at::Tensor ProcessGroup::alloc_symmetric(int64_t numel, const at::TensorOptions& options) {
+  if (!options.device().is_cpu() || numel == 0) return at::zeros({numel}, options);
+  SymmetricMemory mem = comm_->alloc_symmetric(size_t(numel) * options.dtype().itemsize());
+  void* data = mem.data();
+  return at::from_blob(
+      data, {numel}, [mem = std::move(mem)](void*) {}, options);
+}
+
 void ProcessGroup::all_reduce_(at::Tensor& t, ReduceOp op) { run_now(all_reduce_body(*comm_, t, op)); }
 void ProcessGroup::broadcast_(at::Tensor& t, int src) { run_now(broadcast_body(*comm_, t, src)); }
 void ProcessGroup::reduce_(at::Tensor& t, int dst, ReduceOp op) { run_now(reduce_body(*comm_, t, dst, op)); }

@@ -79,6 +79,11 @@ class ProcessGroup {
   int global_rank(int r) const { return ranks_.at(size_t(r)); }
   const std::vector<int>& ranks() const { return ranks_; }
   Communicator& communicator() { return *comm_; }
+  // Collective: a zeroed flat tensor of `numel` elements for a buffer that is reduced again and
+  // again (a gradient bucket), on the CPU in the group's symmetric memory (Note [Symmetric
+  // memory]: collectives then move its bytes straight between the ranks' tensors), elsewhere in
+  // ordinary memory. Every rank makes the same ones in the same order.
+  at::Tensor alloc_symmetric(int64_t numel, const at::TensorOptions& options = {});
 
   // In place: t becomes the reduction over ranks (rank order, identical bits everywhere).
   void all_reduce_(at::Tensor& t, ReduceOp op = ReduceOp::Sum);
