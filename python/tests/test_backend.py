@@ -44,17 +44,21 @@ def batches(step, rank, world=2):
     return (x, y) if rank is None else (x[8 * rank:8 * rank + 8], y[8 * rank:8 * rank + 8])
 
 
-def ddp_matches_one_process(rank, world):
-    model = torch.nn.parallel.DistributedDataParallel(mlp())
+def train_matches_one_process(model, steps, rank, world, what=""):
+    """Trains the DDP `model` on this rank's batches; it must end as train_reference does."""
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for step in range(5):
+    for step in range(steps):
         opt.zero_grad()
         x, y = batches(step, rank, world)
         torch.nn.functional.mse_loss(model(x), y).backward()
         opt.step()
-    want = train_reference(5, lambda s, _: batches(s, None, world))
+    want = train_reference(steps, lambda s, _: batches(s, None, world))
     for p, q in zip(model.module.parameters(), want.parameters()):
-        assert torch.allclose(p, q, atol=1e-5), (p - q).abs().max()
+        assert torch.allclose(p, q, atol=1e-5), (what, (p - q).abs().max())
+
+
+def ddp_matches_one_process(rank, world):
+    train_matches_one_process(torch.nn.parallel.DistributedDataParallel(mlp()), 5, rank, world)
 
 
 def shm_mapping(address):
@@ -84,15 +88,7 @@ def ddp_buckets_in_symmetric_memory(rank, world):
             return allreduce_hook(state, bucket)
 
         model.register_comm_hook(None, hook)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        for step in range(3):
-            opt.zero_grad()
-            x, y = batches(step, rank, world)
-            torch.nn.functional.mse_loss(model(x), y).backward()
-            opt.step()
-        want = train_reference(3, lambda s, _: batches(s, None, world))
-        for p, q in zip(model.module.parameters(), want.parameters()):
-            assert torch.allclose(p, q, atol=1e-5), (disable, as_view, (p - q).abs().max())
+        train_matches_one_process(model, 3, rank, world, f"DDP_DISABLE_COMM_MEM={disable} view={as_view}")
         assert where, "the comm hook never ran"
         if disable == "0":
             assert all(where), f"gradient_as_bucket_view={as_view}: buckets outside symmetric memory: {where}"
