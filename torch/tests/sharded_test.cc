@@ -522,6 +522,33 @@ TEST(Sharded, RankZerosValuesWinAndStrategiesKeepWhatTheySay) {
   });
 }
 
+// 3 SGD steps of `sdp` (over `model`, a module with one weight `w`) beside `ref` trained in one
+// process on the global batch. Checks on every rank that the full parameter `name` equals ref.w;
+// returns full_state_dict() (rank 0's holds the values).
+template <class M>
+torch::OrderedDict<std::string, at::Tensor> train_beside_one_process(ShardedDataParallel& sdp, M& model, M& ref, int in,
+                                                                     int out, const std::string& name) {
+  const int w = default_group()->size(), me = default_group()->rank(), b = 2;
+  const at::Tensor& ref_w = ref.w;
+  torch::optim::SGD opt(sdp.parameters(), 0.1);
+  torch::optim::SGD ref_opt(std::vector<at::Tensor>{ref_w}, 0.1);
+  for (int step = 0; step < 3; ++step) {
+    auto [x, y] = global_batch(step, w, b, in, out);
+    opt.zero_grad();
+    sdp.forward([&] { return torch::mse_loss(model.forward(x.narrow(0, me * b, b)), y.narrow(0, me * b, b)); })
+        .backward();
+    opt.step();
+    ref_opt.zero_grad();
+    torch::mse_loss(ref.forward(x), y).backward();
+    ref_opt.step();
+  }
+  auto full = sdp.full_state_dict();
+  at::Tensor t = me == 0 ? full[name] : at::empty(ref_w.sizes());
+  default_group()->broadcast_(t, 0);
+  RANK_CHECK((t - ref_w).abs().max().item<double>() <= 1e-5, "'", name, "' trained apart from one process: ", t, ref_w);
+  return full;
+}
+
 struct Tied : torch::nn::Module {
   Tied() {
     torch::manual_seed(0);
@@ -534,27 +561,12 @@ struct Tied : torch::nn::Module {
 
 TEST(Sharded, TiedParametersAreShardedOnceAndAModuleOutlivingItsShardsSaysSo) {
   for_worlds({1, 2, 3}, [] {
-    const int w = default_group()->size(), me = default_group()->rank(), b = 2;
+    const int me = default_group()->rank();
     auto model = std::make_shared<Tied>(), ref = std::make_shared<Tied>();
     {
       ShardedDataParallel sdp(model);
       RANK_CHECK(sdp.parameters().size() == 1, "a tied parameter is one shard, got ", sdp.parameters().size());
-      torch::optim::SGD opt(sdp.parameters(), 0.1);
-      torch::optim::SGD ref_opt(std::vector<at::Tensor>{ref->w}, 0.1);
-      for (int step = 0; step < 3; ++step) {
-        auto [x, y] = global_batch(step, w, b, 4, 4);
-        opt.zero_grad();
-        sdp.forward([&] { return torch::mse_loss(model->forward(x.narrow(0, me * b, b)), y.narrow(0, me * b, b)); })
-            .backward();
-        opt.step();
-        ref_opt.zero_grad();
-        torch::mse_loss(ref->forward(x), y).backward();
-        ref_opt.step();
-      }
-      auto full = sdp.full_state_dict();
-      at::Tensor t = me == 0 ? full["a"] : at::empty({4, 4});
-      default_group()->broadcast_(t, 0);
-      RANK_CHECK((t - ref->w).abs().max().item<double>() <= 1e-5);
+      auto full = train_beside_one_process(sdp, *model, *ref, 4, 4, "a");
       if (me == 0) RANK_CHECK(full.size() == 2 && full["b"].equal(full["a"]), "both names, as the module lists them");
     }
     std::string what = RANK_EXPECT_THROW(InvalidArgument, model->forward(torch::ones({1, 4})));
@@ -573,27 +585,11 @@ struct Transposed : torch::nn::Module {
 
 TEST(Sharded, ANonContiguousParameterTrainsAsInOneProcess) {
   for_worlds({2, 3}, [] {
-    const int w = default_group()->size(), me = default_group()->rank(), b = 2;
     auto model = std::make_shared<Transposed>(), ref = std::make_shared<Transposed>();
     RANK_CHECK(!model->w.is_contiguous());
     ShardedDataParallel sdp(model);
     RANK_CHECK(sdp.parameters()[0].requires_grad(), "the shard of a non-contiguous parameter must want a gradient");
-    torch::optim::SGD opt(sdp.parameters(), 0.1);
-    torch::optim::SGD ref_opt(std::vector<at::Tensor>{ref->w}, 0.1);
-    for (int step = 0; step < 3; ++step) {
-      auto [x, y] = global_batch(step, w, b, 3, 4);
-      opt.zero_grad();
-      sdp.forward([&] { return torch::mse_loss(model->forward(x.narrow(0, me * b, b)), y.narrow(0, me * b, b)); })
-          .backward();
-      opt.step();
-      ref_opt.zero_grad();
-      torch::mse_loss(ref->forward(x), y).backward();
-      ref_opt.step();
-    }
-    auto full = sdp.full_state_dict();
-    at::Tensor t = me == 0 ? full["w"] : at::empty({3, 4});
-    default_group()->broadcast_(t, 0);
-    RANK_CHECK((t - ref->w).abs().max().item<double>() <= 1e-5, "trained apart from one process: ", t, ref->w);
+    train_beside_one_process(sdp, *model, *ref, 3, 4, "w");
   });
 }
 

@@ -15,7 +15,7 @@ namespace {
 class ReplicatedEngine final : public detail::DataParallelEngine {
  public:
   ReplicatedEngine(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<ProcessGroup> group)
-      : module_(module), group_(group), ddp_(std::move(module), options(std::move(group))) {}
+      : module_(module), ddp_(std::move(module), options(std::move(group))) {}
 
   void begin_forward() override {}
   void end_forward(bool) override {}
@@ -32,9 +32,9 @@ class ReplicatedEngine final : public detail::DataParallelEngine {
   }
 
   torch::OrderedDict<std::string, at::Tensor> full_state_dict(torch::nn::Module& module) override {
-    group_->barrier();  // collective under every strategy
+    ddp_.group().barrier();  // collective under every strategy
     torch::OrderedDict<std::string, at::Tensor> out;
-    if (group_->rank() != 0) return out;
+    if (ddp_.group().rank() != 0) return out;
     at::NoGradGuard no_grad;
     for (const auto& item : module.named_parameters(true)) out.insert(item.key(), item.value().detach().clone());
     for (const auto& item : module.named_buffers(true)) out.insert(item.key(), item.value().detach().clone());
@@ -64,8 +64,7 @@ class ReplicatedEngine final : public detail::DataParallelEngine {
     ddp.find_unused_parameters = true;  // as the sharded strategies: a parameter without a gradient counts as zero
     return ddp;
   }
-  std::shared_ptr<torch::nn::Module> module_;
-  std::shared_ptr<ProcessGroup> group_;
+  std::shared_ptr<torch::nn::Module> module_;  // (DDP's module() is not const)
   DistributedDataParallel ddp_;
   std::unique_ptr<NoSyncGuard> no_sync_;  // while synchronization is off
 };
