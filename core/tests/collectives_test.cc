@@ -67,51 +67,118 @@ INSTANTIATE_TEST_SUITE_P(Core, Sweep, ::testing::ValuesIn(configs()), [](const a
 // in place, at offsets that differ between ranks, and with one rank on ordinary memory (which
 // sends everyone down the staged path). Each dtype gets fresh buffers, so allocations are also
 // freed and made again. On the engines it is ordinary memory and must give the same results.
-class Symmetric : public ::testing::TestWithParam<SweepConfig> {};
+class Symmetric : public ::testing::TestWithParam<SweepConfig> {
+ protected:
+  // Runs body on every rank of the parameter's group; no segment may be left behind.
+  void on_every_rank(const std::function<void(Communicator&, const SweepConfig&)>& body) {
+    const SweepConfig config = GetParam();
+    auto results = run_group(
+        config.world, [&](Communicator& comm) { body(comm, config); }, options_for(config), std::chrono::seconds(600));
+    expect_all_ok(results);
+    EXPECT_TRUE(leftover_segments(results).empty());
+  }
+};
 
 TEST_P(Symmetric, AllReduceBetweenSymmetricBuffers) {
-  const SweepConfig config = GetParam();
-  const CommunicatorOptions options = options_for(config);
-  auto results = run_group(
-      config.world,
-      [&](Communicator& comm) {
-        const int W = comm.size(), me = comm.rank();
-        RANK_CHECK(comm.alloc_symmetric(0).data() == nullptr, "alloc_symmetric(0) gave memory");
-        for (size_t count : config.counts)
-          for (DataType dt : kAllDataTypes) {
-            const size_t es = element_size(dt), bytes = count * es;
-            const size_t off_in = size_t(me % 3) * 64 + size_t(me % 2) * es, off_out = size_t(me % 2) * 192;
-            SymmetricMemory a = comm.alloc_symmetric(bytes + 256), b = comm.alloc_symmetric(bytes + 256);
-            RANK_CHECK(a.size() == bytes + 256 && reinterpret_cast<uintptr_t>(a.data()) % 64 == 0, "bad allocation");
-            const auto* first = static_cast<const uint8_t*>(b.data());
-            RANK_CHECK(std::all_of(first, first + b.size(), [](uint8_t x) { return x == 0; }), "not zero-filled");
-            auto* in = static_cast<uint8_t*>(a.data()) + off_in;
-            auto* out = static_cast<uint8_t*>(b.data()) + off_out;
-            for (ReduceOp op : kAllReduceOps) {
-              if (!reduce_op_problem(dt, op).empty()) continue;
-              auto gen = [&](int p, size_t i) { return value(dt, op, p, i, 7 + uint64_t(op)); };
-              const auto mine = make_buffer(dt, count, [&](size_t i) { return gen(me, i); });
-              const auto want = reference_reduce(dt, op, W, count, gen);
-              auto check = [&](const uint8_t* got, const char* how) {
-                const std::string diff = compare_bytes(got, want.data(), count, dt);
-                RANK_CHECK(diff.empty(), label("all_reduce", dt, count, how), " ", to_string(op), ": ", diff);
-              };
-              std::memcpy(in, mine.data(), bytes);
-              comm.all_reduce(in, out, count, dt, op);
-              check(out, " symmetric");
-              comm.all_reduce(in, in, count, dt, op);
-              check(in, " symmetric in place");
-              auto plain = mine;  // the last rank on ordinary memory, the others symmetric
-              std::memcpy(in, mine.data(), bytes);
-              uint8_t* mixed = me == W - 1 ? plain.data() : in;
-              comm.all_reduce(mixed, mixed, count, dt, op);
-              check(mixed, " mixed in place");
-            }
+  on_every_rank([&](Communicator& comm, const SweepConfig& config) {
+    const int W = comm.size(), me = comm.rank();
+    RANK_CHECK(comm.alloc_symmetric(0).data() == nullptr, "alloc_symmetric(0) gave memory");
+    for (size_t count : config.counts)
+      for (DataType dt : kAllDataTypes) {
+        const size_t es = element_size(dt), bytes = count * es;
+        const size_t off_in = size_t(me % 3) * 64 + size_t(me % 2) * es, off_out = size_t(me % 2) * 192;
+        SymmetricMemory a = comm.alloc_symmetric(bytes + 256), b = comm.alloc_symmetric(bytes + 256);
+        RANK_CHECK(a.size() == bytes + 256 && reinterpret_cast<uintptr_t>(a.data()) % 64 == 0, "bad allocation");
+        const auto* first = static_cast<const uint8_t*>(b.data());
+        RANK_CHECK(std::all_of(first, first + b.size(), [](uint8_t x) { return x == 0; }), "not zero-filled");
+        auto* in = static_cast<uint8_t*>(a.data()) + off_in;
+        auto* out = static_cast<uint8_t*>(b.data()) + off_out;
+        for (ReduceOp op : kAllReduceOps) {
+          if (!reduce_op_problem(dt, op).empty()) continue;
+          auto gen = [&](int p, size_t i) { return value(dt, op, p, i, 7 + uint64_t(op)); };
+          const auto mine = make_buffer(dt, count, [&](size_t i) { return gen(me, i); });
+          const auto want = reference_reduce(dt, op, W, count, gen);
+          auto check = [&](const uint8_t* got, const char* how) {
+            const std::string diff = compare_bytes(got, want.data(), count, dt);
+            RANK_CHECK(diff.empty(), label("all_reduce", dt, count, how), " ", to_string(op), ": ", diff);
+          };
+          std::memcpy(in, mine.data(), bytes);
+          comm.all_reduce(in, out, count, dt, op);
+          check(out, " symmetric");
+          comm.all_reduce(in, in, count, dt, op);
+          check(in, " symmetric in place");
+          auto plain = mine;  // the last rank on ordinary memory, the others symmetric
+          std::memcpy(in, mine.data(), bytes);
+          uint8_t* mixed = me == W - 1 ? plain.data() : in;
+          comm.all_reduce(mixed, mixed, count, dt, op);
+          check(mixed, " mixed in place");
+        }
+      }
+  });
+}
+
+// The direct all_gather (every output symmetric: Note [Direct all_gather]) and reduce_scatter
+// (every input symmetric: Note [Direct reduce_scatter]), even and uneven, in place and not, at
+// offsets that differ between ranks; then with the last rank's buffer in ordinary memory, which
+// sends everyone down the staged path.
+TEST_P(Symmetric, AllGatherAndReduceScatterBetweenSymmetricBuffers) {
+  on_every_rank([&](Communicator& comm, const SweepConfig& config) {
+    const int W = comm.size(), me = comm.rank();
+    const bool last = me == W - 1;
+    for (size_t count : config.counts)
+      for (DataType dt : kAllDataTypes) {
+        // The streaming size once: what streams there is bytes, whatever their type.
+        if (count > (1u << 20) && dt != DataType::Float32 && dt != DataType::Int8) continue;
+        const size_t es = element_size(dt), off = size_t(me % 3) * 64 + size_t(me % 2) * es;
+        auto gen = [&](int p, size_t i) { return value(dt, ReduceOp::Sum, p, i, 11); };
+        const auto counts = uneven_counts(W, count);
+        const size_t total = std::accumulate(counts.begin(), counts.end(), size_t(0));
+        std::vector<uint8_t> want_even, want_v;
+        for (int p = 0; p < W; ++p) {
+          auto even = make_buffer(dt, count, [&](size_t i) { return gen(p, i); });
+          auto v = make_buffer(dt, counts[size_t(p)], [&](size_t i) { return gen(p, i); });
+          want_even.insert(want_even.end(), even.begin(), even.end());
+          want_v.insert(want_v.end(), v.begin(), v.end());
+        }
+        const auto mine = make_buffer(dt, count, [&](size_t i) { return gen(me, i); });
+        SymmetricMemory a = comm.alloc_symmetric(size_t(W) * (count + 7) * es + 256);
+        auto* sym = static_cast<uint8_t*>(a.data()) + off;
+        auto check = [&](const uint8_t* got, const std::vector<uint8_t>& want, size_t n, const char* what) {
+          const std::string diff = compare_bytes(got, want.data(), n, dt);
+          RANK_CHECK(diff.empty(), label(what, dt, count), ": ", diff);
+        };
+        for (bool mixed : {false, true}) {
+          std::vector<uint8_t> plain(size_t(W) * (count + 7) * es);
+          uint8_t* out = mixed && last ? plain.data() : sym;
+          std::memset(out, 0xCD, size_t(W) * count * es);
+          comm.all_gather(mine.data(), out, count, dt);
+          check(out, want_even, size_t(W) * count, mixed ? "all_gather, mixed" : "all_gather into symmetric");
+          std::memset(out, 0xCD, size_t(W) * count * es);
+          std::memcpy(out + size_t(me) * count * es, mine.data(), count * es);
+          comm.all_gather(out + size_t(me) * count * es, out, count, dt);
+          check(out, want_even, size_t(W) * count, mixed ? "all_gather in place, mixed" : "all_gather in place");
+          std::memset(out, 0xCD, total * es);
+          const auto vin = make_buffer(dt, counts[size_t(me)], [&](size_t i) { return gen(me, i); });
+          comm.all_gather_v(vin.data(), out, counts, dt);
+          check(out, want_v, total, mixed ? "all_gather_v, mixed" : "all_gather_v into symmetric");
+          for (ReduceOp op : kAllReduceOps) {
+            if (!reduce_op_problem(dt, op).empty()) continue;
+            auto rgen = [&](int p, size_t i) { return value(dt, op, p, i, 13 + uint64_t(op)); };
+            const auto want =
+                reference_reduce(dt, op, W, count, [&](int p, size_t i) { return rgen(p, i + size_t(me) * count); });
+            const auto blocks = make_buffer(dt, size_t(W) * count, [&](size_t i) { return rgen(me, i); });
+            uint8_t* in = mixed && last ? plain.data() : sym;
+            std::memcpy(in, blocks.data(), blocks.size());
+            std::vector<uint8_t> got(count * es);
+            comm.reduce_scatter(in, got.data(), count, dt, op);
+            check(got.data(), want, count, mixed ? "reduce_scatter, mixed" : "reduce_scatter from symmetric");
+            uint8_t* own = in + size_t(me) * count * es;
+            comm.reduce_scatter(in, own, count, dt, op);
+            check(own, want, count, mixed ? "reduce_scatter in place, mixed" : "reduce_scatter in place");
           }
-      },
-      options, std::chrono::seconds(600));
-  expect_all_ok(results);
-  EXPECT_TRUE(leftover_segments(results).empty());
+        }
+      }
+  });
 }
 
 std::vector<SweepConfig> symmetric_configs() {

@@ -200,6 +200,10 @@ TEST(GatheredParameters, FullValuesInsideNothingFullOutside) {
       const int64_t w = default_group()->size();
       auto padded = [&](int64_t n) { return w * ((n + w - 1) / w); };
       RANK_CHECK(sdp.memory_stats().full_bytes == 4 * (padded(100) + padded(10) + padded(100) + padded(10)));
+      // Gathered into the group's symmetric memory (Note [Sharded buffers in symmetric memory]).
+      for (const auto& p : model->parameters())
+        RANK_CHECK(in_shared_memory(p.data_ptr()) == (w > 1), "a full parameter in ", w > 1 ? "ordinary" : "symmetric",
+                   " memory");
     }
     RANK_CHECK(sdp.memory_stats().full_bytes == 0, "a full copy outlived GatheredParameters");
     RANK_EXPECT_THROW(InvalidArgument, (void)model->l1->weight.clone());

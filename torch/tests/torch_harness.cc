@@ -7,6 +7,7 @@
 #include <ATen/Parallel.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <sstream>
 
 namespace chorus::test {
@@ -25,6 +26,19 @@ void run_world(int world, const std::function<void()>& body, std::chrono::millis
 
 void for_worlds(std::initializer_list<int> worlds, const std::function<void()>& body) {
   for (int w : worlds) run_world(w, body);
+}
+
+bool in_shared_memory(const void* p) {
+  std::ifstream maps("/proc/self/maps");
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  for (std::string line; std::getline(maps, line);) {
+    uintptr_t begin = 0, end = 0;
+    char dash = 0;
+    std::istringstream in(line);
+    in >> std::hex >> begin >> dash >> end;
+    if (at >= begin && at < end) return line.find("/dev/shm/") != std::string::npos;
+  }
+  return false;
 }
 
 bool same(const at::Tensor& a, const at::Tensor& b) {

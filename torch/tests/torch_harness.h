@@ -26,4 +26,8 @@ void for_worlds(std::initializer_list<int> worlds, const std::function<void()>& 
 bool same(const at::Tensor& a, const at::Tensor& b);
 std::string show(const at::Tensor& t);
 
+// Inside a rank: `p` lies in a shared-memory mapping (/dev/shm, where chorus's symmetric memory
+// lives), as /proc/self/maps says.
+bool in_shared_memory(const void* p);
+
 }  // namespace chorus::test

@@ -31,46 +31,28 @@ constexpr size_t kOneShotTotalBytes = 256 * 1024;
 // piece to every rank's output.
 constexpr size_t kDirectPieceBytes = 64 * 1024;
 
-// Note [Direct all_reduce]. Every rank publishes where its buffers lie, and every rank decides
-// from all ranks' refs alone; false (after one phase) sends all of them down the staged path.
+// Note [Direct all_reduce] (Note [Direct collectives]); false sends every rank down the staged path.
 bool all_reduce_direct(ShmGroup& g, const Call& c) {
   const int world = g.world(), me = g.rank();
   const size_t es = element_size(c.dtype);
   const size_t bytes = c.count * es;
-  SymmetricRef refs[2];  // input, output
-  auto in_region = g.symmetric()->find(me, c.in, bytes, &refs[0].offset);
-  auto out_region = g.symmetric()->find(me, c.out, bytes, &refs[1].offset);
-  refs[0].id = in_region ? in_region->id : 0;
-  refs[1].id = out_region ? out_region->id : 0;
-  static_assert(sizeof(refs) <= kInlineBytes);
-  std::memcpy(g.my_inline(), refs, sizeof(refs));
-  g.sync();
-  std::vector<SymmetricRef> all(2 * size_t(world));
-  for (int p = 0; p < world; ++p) std::memcpy(&all[2 * size_t(p)], g.inline_of(p), sizeof(refs));
-  for (int p = 0; p < world; ++p)
-    for (int k = 0; k < 2; ++k) {
-      const SymmetricRef& r = all[2 * size_t(p) + size_t(k)];
-      if (r.id == 0 || r.id != all[size_t(k)].id) return false;
-    }
-  // The same ids everywhere, and this rank holds both allocations: it maps every rank's buffer.
+  DirectBuffers d;
+  if (!d.exchange(g, c.in, c.out, bytes, bytes, {DirectBuffers::kIn, DirectBuffers::kOut})) return false;
   const size_t line = 64 / es;
   auto part_begin = [&](int q) { return q == world ? c.count : c.count * size_t(q) / size_t(world) / line * line; };
   const size_t b = part_begin(me), e = part_begin(me + 1);
   const size_t piece = kDirectPieceBytes / es;
   // Rank q's output is its input when both lie at one place of one allocation: then this rank
   // has just read the lines it writes there (Note [Streaming stores]).
-  auto streams_to = [&](int q) {
-    const bool in_place = in_region == out_region && all[2 * size_t(q)].offset == all[2 * size_t(q) + 1].offset;
-    return bytes >= kStreamMinBytes && !in_place;
-  };
+  auto streams_to = [&](int q) { return bytes >= kStreamMinBytes && !d.in_place(q); };
   auto& srcs = source_list(world);
   std::vector<uint8_t*> outs(static_cast<size_t>(world));
   thread_local std::vector<uint8_t> folded(kDirectPieceBytes);
   for (size_t x = b; x < e; x += piece) {
     const size_t m = std::min(piece, e - x);
     for (int p = 0; p < world; ++p) {
-      srcs[size_t(p)] = in_region->bases[size_t(p)] + all[2 * size_t(p)].offset + x * es;
-      outs[size_t(p)] = out_region->bases[size_t(p)] + all[2 * size_t(p) + 1].offset + x * es;
+      srcs[size_t(p)] = d.at(p, DirectBuffers::kIn) + x * es;
+      outs[size_t(p)] = d.at(p, DirectBuffers::kOut) + x * es;
     }
     reduce::reduce(c.dtype, c.op, srcs.data(), world, folded.data(), m);
     for (int q = 0; q < world; ++q) copy_out(outs[size_t(q)], folded.data(), m * es, streams_to(q));

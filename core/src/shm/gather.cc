@@ -10,6 +10,35 @@
 
 namespace chorus::shm {
 
+namespace {
+// The direct path copies this much of the input at a time to every output, so it is read once.
+constexpr size_t kDirectPieceBytes = 64 * 1024;
+
+// Note [Direct all_gather] (Note [Direct collectives]): when every rank's output lies in
+// symmetric memory, each rank writes its own block into every rank's output itself, starting
+// with the next rank's, so the ranks spread over the outputs. Each input byte is read once and
+// each output byte written once, and nothing passes through the slots. False (after one phase)
+// sends every rank down the staged path.
+bool all_gather_direct(ShmGroup& g, const Call& c, const std::vector<size_t>& displ, bool stream) {
+  const int world = g.world(), me = g.rank();
+  const size_t es = element_size(c.dtype);
+  const size_t mine = (displ[size_t(me) + 1] - displ[size_t(me)]) * es, at = displ[size_t(me)] * es;
+  DirectBuffers d;
+  if (!d.exchange(g, c.in, c.out, mine, displ.back() * es, {DirectBuffers::kOut})) return false;
+  const auto* in = static_cast<const uint8_t*>(c.in);
+  for (size_t x = 0; x < mine; x += kDirectPieceBytes) {
+    const size_t n = std::min(kDirectPieceBytes, mine - x);
+    for (int k = 1; k <= world; ++k) {
+      const int q = (me + k) % world;
+      uint8_t* dst = d.at(q, DirectBuffers::kOut) + at + x;
+      if (dst != in + x) copy_out(dst, in + x, n, stream);
+    }
+  }
+  g.sync();  // every output is written
+  return true;
+}
+}  // namespace
+
 void gather(ShmGroup& g, const Call& c) {
   const int world = g.world(), me = g.rank();
   const bool uneven = c.kind == OpKind::AllGatherV || c.kind == OpKind::GatherV;
@@ -32,6 +61,9 @@ void gather(ShmGroup& g, const Call& c) {
   const bool in_place = own == in;
   const bool tiny = most * es <= kInlineBytes;
   const bool stream = most * es >= kStreamMinBytes;  // Note [Streaming stores]
+  const bool all_gather = c.kind == OpKind::AllGather || c.kind == OpKind::AllGatherV;
+  if (all_gather && c.outs.empty() && !tiny && g.symmetric_made() != 0 && all_gather_direct(g, c, displ, stream))
+    return;
   if (gets && !in_place && tiny) move_bytes(own, in, mine * es);
 
   const size_t chunk = tiny ? most : g.slot_bytes() / es;

@@ -7,11 +7,30 @@
 
 namespace chorus::shm {
 
+namespace {
+// Note [Direct reduce_scatter] (Note [Direct collectives]): when every rank's input lies in
+// symmetric memory, each rank folds its block straight from every rank's input, in rank order,
+// into its own output; no block passes through the slots. False (after one phase) sends every
+// rank down the staged path.
+bool reduce_scatter_direct(ShmGroup& g, const Call& c) {
+  const int world = g.world(), me = g.rank();
+  const size_t bytes = c.count * element_size(c.dtype);
+  DirectBuffers d;
+  if (!d.exchange(g, c.in, c.out, bytes * size_t(world), bytes, {DirectBuffers::kIn})) return false;
+  auto& srcs = source_list(world);
+  for (int p = 0; p < world; ++p) srcs[size_t(p)] = d.at(p, DirectBuffers::kIn) + size_t(me) * bytes;
+  reduce::reduce(c.dtype, c.op, srcs.data(), world, c.out, c.count);
+  g.sync();  // nobody reads this rank's input any more
+  return true;
+}
+}  // namespace
+
 void reduce_scatter(ShmGroup& g, const Call& c) {
   const int world = g.world(), me = g.rank();
   const size_t es = element_size(c.dtype);
   const auto* in = static_cast<const uint8_t*>(c.in);
   auto* out = static_cast<uint8_t*>(c.out);
+  if (c.count > 0 && g.symmetric_made() != 0 && reduce_scatter_direct(g, c)) return;
   const size_t part = g.slot_bytes() / (size_t(world) * es);
   const size_t rounds = std::max<size_t>(1, rounds_for(c.count, part));
   auto& srcs = source_list(world);

@@ -42,6 +42,25 @@ std::shared_ptr<SymmetricRegion> SymmetricRegistry::find(int rank, const void* p
   return nullptr;
 }
 
+bool DirectBuffers::exchange(ShmGroup& g, const void* in, const void* out, size_t bytes_in, size_t bytes_out,
+                             std::initializer_list<Buffer> needed) {
+  const int world = g.world(), me = g.rank();
+  SymmetricRef mine[2];
+  region_[kIn] = g.symmetric()->find(me, in, bytes_in, &mine[kIn].offset);
+  region_[kOut] = g.symmetric()->find(me, out, bytes_out, &mine[kOut].offset);
+  for (Buffer b : {kIn, kOut}) mine[b].id = region_[b] ? region_[b]->id : 0;
+  static_assert(sizeof(mine) <= kInlineBytes);
+  std::memcpy(g.my_inline(), mine, sizeof(mine));
+  g.sync();
+  refs_.resize(2 * size_t(world));
+  for (int p = 0; p < world; ++p) std::memcpy(&refs_[2 * size_t(p)], g.inline_of(p), sizeof(mine));
+  // The same ids everywhere, and this rank holds the allocations: it maps every rank's buffer.
+  for (Buffer b : needed)
+    for (int p = 0; p < world; ++p)
+      if (ref(p, b).id == 0 || ref(p, b).id != mine[b].id) return false;
+  return true;
+}
+
 namespace {
 
 constexpr size_t kNameBytes = 64;

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -54,6 +55,34 @@ struct SymmetricRef {
   uint32_t id = 0;
   uint32_t reserved = 0;
   uint64_t offset = 0;
+};
+
+// Note [Direct collectives]: when a call's buffers lie in symmetric memory on every rank, a rank
+// can read or write its peers' buffers itself, and nothing needs staging through the slots. The
+// call's first phase publishes where this rank's input and output lie (their SymmetricRefs, in
+// the call line), and every rank decides from all ranks' refs alone, so all take the same path:
+// direct when each needed buffer lies in one allocation, the same on every rank (offsets may
+// differ), staged otherwise. That first phase also tells every rank that its peers entered the
+// call, so their buffers are ready to be read and written; a direct algorithm ends with one more
+// phase, after which nobody touches a peer's buffer again.
+class DirectBuffers {
+ public:
+  enum Buffer { kIn = 0, kOut = 1 };
+  // The call's first phase (a sync). True when, on every rank, every buffer `needed` names lies in
+  // one symmetric allocation, the same allocation on every rank.
+  bool exchange(ShmGroup& g, const void* in, const void* out, size_t bytes_in, size_t bytes_out,
+                std::initializer_list<Buffer> needed);
+  // Where buffer `b` of rank `rank` lies, mapped here (after exchange() returned true).
+  uint8_t* at(int rank, Buffer b) const { return region_[b]->bases[size_t(rank)] + ref(rank, b).offset; }
+  // Rank `rank` reduces in place: its input and output are one place.
+  bool in_place(int rank) const {
+    return region_[kIn] == region_[kOut] && ref(rank, kIn).offset == ref(rank, kOut).offset;
+  }
+
+ private:
+  const SymmetricRef& ref(int rank, Buffer b) const { return refs_[2 * size_t(rank) + size_t(b)]; }
+  std::shared_ptr<SymmetricRegion> region_[2];
+  std::vector<SymmetricRef> refs_;  // every rank's in and out
 };
 
 // Runs an AllocSymmetric call on `g` (Note [Symmetric buffers]).

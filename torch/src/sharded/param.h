@@ -17,16 +17,28 @@ inline int64_t bytes_of(const at::Tensor& t) { return t.defined() ? t.numel() * 
 
 // Buffers for full parameters and reductions, reused across steps (a fresh allocation of this size
 // is a fresh mapping: page faults on every step). Keeps at most `limit` bytes, the newest.
+//
+// Note [Sharded buffers in symmetric memory]: new buffers come from an arena, one allocation of
+// the group's symmetric memory made when the module is sharded, while it has room, and from the
+// heap after that. Every rank takes and returns the same buffers in the same order, so a buffer
+// lies in the arena on every rank or on none, and a gather into it or a reduction out of it runs
+// direct (Note [Direct collectives]: no staging through the slots). Should the ranks' arenas ever
+// differ (a buffer returned late on one rank), that call runs staged on every rank: the
+// collective decides from all ranks' buffers, so the arena only ever makes calls faster.
 class BufferCache {
  public:
   void set_limit(int64_t bytes) { limit_ = bytes; }
+  // Takes new buffers from `memory` (bytes, kept alive by the buffers carved from it).
+  void set_arena(at::Tensor memory);
   at::Tensor take(int64_t numel, const at::TensorOptions& options);
   void give_back(at::Tensor t);
   int64_t bytes() const { return bytes_; }
 
  private:
+  class Arena;
   std::vector<at::Tensor> spare_;
   int64_t bytes_ = 0, limit_ = 0;
+  std::shared_ptr<Arena> arena_;
 };
 
 // The bytes of full parameters and full gradients alive, kept as they change (never recounted),

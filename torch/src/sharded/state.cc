@@ -89,6 +89,8 @@ void ShardedState::shard(torch::nn::Module& module, const std::vector<std::share
   int64_t largest = 0;
   for (const auto& u : units_) largest = std::max(largest, u.gathered_bytes(ctx_.world));
   ctx_.buffers.set_limit(2 * largest);  // the unit in use and the one prefetched
+  // Note [Sharded buffers in symmetric memory]: room for what the cache keeps.
+  if (ctx_.world > 1 && largest > 0) ctx_.buffers.set_arena(ctx_.group->alloc_symmetric(2 * largest, at::kByte));
 }
 
 // Makes the units (the root unit first) and returns the unit of each entry of
