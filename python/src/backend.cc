@@ -184,7 +184,7 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupChorus::split(const c10::intrusive
 }
 
 at::Tensor ProcessGroupChorus::allocateTensor(long size, at::TensorOptions options) {
-  return pg_->alloc_symmetric(size, options);
+  return pg_->take_symmetric(size, options);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::issue(c10d::OpType type, const char* title,

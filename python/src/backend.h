@@ -104,10 +104,12 @@ class ProcessGroupChorus : public c10d::Backend {
 
   // Note [Buckets in symmetric memory]: torch's DDP reducer asks its group's backend for the
   // memory of its gradient buckets when DDP_DISABLE_COMM_MEM is 0 (torch's default is 1;
-  // chorus_torch sets 0 unless the user set it). chorus gives them the group's symmetric memory
-  // (Note [Symmetric memory]), so that each bucket's all_reduce moves bytes straight between the
-  // ranks' buckets, without staging. Collective, as the reducer's bucket building is: every rank
-  // builds the same buckets in the same order.
+  // chorus_torch sets 0 unless the user set it), and FSDP2 for its all-gather and reduce-scatter
+  // staging buffers, per collective, after set_allocate_memory_from_process_group_for_comm(True).
+  // chorus gives both the group's symmetric memory through its pool (Note [Symmetric pool]), so
+  // that those collectives move bytes straight between the ranks' buffers, without staging, and
+  // FSDP2's per-call buffers reuse memory instead of allocating. Collective, as both callers are:
+  // every rank asks for the same sizes in the same order.
   bool supportsTensorAlloc(c10::DeviceIndex /*device_index*/) override { return true; }
   at::Tensor allocateTensor(long size, at::TensorOptions options = {}) override;
 

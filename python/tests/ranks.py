@@ -76,3 +76,12 @@ def expect_error(fn, *needles):
     raise AssertionError(f"no error; expected one naming {needles}")
 
 
+def shm_mapping(address):
+    """The /dev/shm/chorus-* mapping (a chorus shared-memory object) that holds `address`, or None."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split()
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            if lo <= address < hi:
+                return parts[5] if len(parts) > 5 and parts[5].startswith("/dev/shm/chorus-") else None
+    return None

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 import launch  # noqa: E402
-from ranks import TIMEOUT, expect_error, run_ranks  # noqa: E402
+from ranks import TIMEOUT, expect_error, run_ranks, shm_mapping  # noqa: E402
 
 
 def mlp():
@@ -59,17 +59,6 @@ def train_matches_one_process(model, steps, rank, world, what=""):
 
 def ddp_matches_one_process(rank, world):
     train_matches_one_process(torch.nn.parallel.DistributedDataParallel(mlp()), 5, rank, world)
-
-
-def shm_mapping(address):
-    """The /dev/shm/chorus-* mapping (a chorus shared-memory object) that holds `address`, or None."""
-    with open("/proc/self/maps") as f:
-        for line in f:
-            parts = line.split()
-            lo, hi = (int(x, 16) for x in parts[0].split("-"))
-            if lo <= address < hi:
-                return parts[5] if len(parts) > 5 and parts[5].startswith("/dev/shm/chorus-") else None
-    return None
 
 
 def ddp_buckets_in_symmetric_memory(rank, world):

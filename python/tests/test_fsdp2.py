@@ -1,7 +1,7 @@
 """torch's FSDP2 (fully_shard), DTensor and distributed checkpoint (DCP) on backend chorus, on
 CPU: a transformer-sized MLP trained with each Linear its own unit, against one process and
-against the same training on gloo; reshard_after_forward both ways; bf16 parameters with f32
-reduction; a DCP checkpoint saved at W=2 and loaded at W=3 and into plain DDP; DTensor's
+against the same training on gloo; reshard_after_forward both ways; staging buffers from the
+process group (chorus's symmetric memory); bf16 parameters with f32 reduction; a DCP checkpoint saved at W=2 and loaded at W=3 and into plain DDP; DTensor's
 distribute_tensor, redistribute (Shard <-> Replicate) and full_tensor().
 
   PYTHONPATH=<build>/python/site .venv/bin/python python/tests/test_fsdp2.py [-v]"""
@@ -24,7 +24,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
-from ranks import run_ranks
+from ranks import run_ranks, shm_mapping
 
 warnings.filterwarnings("ignore", message=".*deprecated.*")
 WIDTH, BATCH, STEPS = 256, 12, 4  # 12 rows: split evenly at W=2 and W=3
@@ -43,13 +43,40 @@ def data(step):
     return torch.randn(BATCH, WIDTH, generator=g), torch.randn(BATCH, 8, generator=g)
 
 
-def shard(m, world, **kwargs):
+def shard(m, world, pg_alloc=False, **kwargs):
+    """Each Linear a unit, then the root; pg_alloc: FSDP2 takes its staging buffers from the backend."""
     mesh = init_device_mesh("cpu", (world,))
     for layer in m:
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer, mesh=mesh, **kwargs)
     fully_shard(m, mesh=mesh, **kwargs)
+    if pg_alloc:
+        for unit in m.modules():
+            if hasattr(unit, "set_allocate_memory_from_process_group_for_comm"):
+                unit.set_allocate_memory_from_process_group_for_comm(True)
     return m
+
+
+class StagingBuffers:
+    """Where FSDP2's all-gather outputs and reduce-scatter inputs lie, while in the with block."""
+
+    def __enter__(self):
+        self.where, self.saved = [], (dist.all_gather_single, dist.reduce_scatter_single)
+        gather, scatter = self.saved
+
+        def all_gather_single(output, input, *args, **kwargs):
+            self.where.append(shm_mapping(output.data_ptr()))
+            return gather(output, input, *args, **kwargs)
+
+        def reduce_scatter_single(output, input, *args, **kwargs):
+            self.where.append(shm_mapping(input.data_ptr()))
+            return scatter(output, input, *args, **kwargs)
+
+        dist.all_gather_single, dist.reduce_scatter_single = all_gather_single, reduce_scatter_single
+        return self
+
+    def __exit__(self, *exc):
+        dist.all_gather_single, dist.reduce_scatter_single = self.saved
 
 
 def train(m, rank, world, steps=STEPS):
@@ -78,6 +105,8 @@ def full_parameters(m):
 
 
 REFERENCE = {}
+# reshard_after_forward, and staging buffers from the process group (set_allocate_memory_from_process_group_for_comm)
+VARIANTS = ((True, False), (False, False), (True, True))
 
 
 def reference():
@@ -91,16 +120,23 @@ def reference():
 def fsdp_training(out_dir):
     def fn(rank, world):
         ref = reference()
-        for reshard in (True, False):
-            m = shard(model(), world, reshard_after_forward=reshard)
-            losses, _ = train(m, rank, world)
+        for reshard, pg_alloc in VARIANTS:
+            m = shard(model(), world, pg_alloc=pg_alloc, reshard_after_forward=reshard)
+            with StagingBuffers() as staging:
+                losses, _ = train(m, rank, world)
+            # Note [Buckets in symmetric memory]: asked for, chorus's staging buffers are its
+            # symmetric memory (gloo has none to give).
+            if dist.get_backend() == "chorus":
+                inside = all(staging.where) if pg_alloc else not any(staging.where)
+                assert staging.where and inside, (pg_alloc, staging.where)
             params = full_parameters(m)
             for a, b in zip(losses, ref["losses"]):
                 assert abs(a - b) < 1e-4 * max(1.0, abs(b)), (reshard, losses, ref["losses"])
             for k, v in params.items():
                 assert torch.allclose(v, ref["params"][k], atol=2e-5, rtol=1e-4), (reshard, k, (v - ref["params"][k]).abs().max())
             if rank == 0:
-                torch.save({"losses": losses, "params": params}, os.path.join(out_dir, f"{dist.get_backend()}-{reshard}.pt"))
+                name = f"{dist.get_backend()}-{reshard}-{pg_alloc}.pt"
+                torch.save({"losses": losses, "params": params}, os.path.join(out_dir, name))
         # bf16 parameters and compute, gradients reduced in f32: near the f32 reference.
         m = shard(model(), world, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
         losses, _ = train(m, rank, world)
@@ -178,9 +214,9 @@ class FSDP2(unittest.TestCase):
             for world in (2, 3):
                 for backend in ("chorus", "gloo"):
                     run_ranks(fsdp_training(d), world=world, backend=backend, timeout_s=300)
-                for reshard in (True, False):
-                    c = torch.load(os.path.join(d, f"chorus-{reshard}.pt"))
-                    g = torch.load(os.path.join(d, f"gloo-{reshard}.pt"))
+                for reshard, pg_alloc in VARIANTS:
+                    c = torch.load(os.path.join(d, f"chorus-{reshard}-{pg_alloc}.pt"))
+                    g = torch.load(os.path.join(d, f"gloo-{reshard}-{pg_alloc}.pt"))
                     for a, b in zip(c["losses"], g["losses"]):
                         self.assertAlmostEqual(a, b, places=5)
                     for k in c["params"]:

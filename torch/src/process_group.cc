@@ -4,6 +4,7 @@
 #include "chorus/process_group.h"
 
 #include "prepared_call.h"
+#include "symmetric_pool.h"
 
 namespace chorus {
 
@@ -251,7 +252,7 @@ std::function<void()> and_then(std::function<void()> first, std::function<void()
 }  // namespace
 
 ProcessGroup::ProcessGroup(std::shared_ptr<Communicator> comm, std::vector<int> ranks)
-    : comm_(std::move(comm)), ranks_(std::move(ranks)) {
+    : comm_(std::move(comm)), ranks_(std::move(ranks)), pool_(std::make_shared<detail::SymmetricPool>()) {
   CHORUS_ENFORCE(comm_ != nullptr);
   CHORUS_ENFORCE_EQ(ranks_.size(), size_t(comm_->size()));
 }
@@ -262,6 +263,11 @@ at::Tensor ProcessGroup::alloc_symmetric(int64_t numel, const at::TensorOptions&
   void* data = mem.data();
   return at::from_blob(
       data, {numel}, [mem = std::move(mem)](void*) {}, options);
+}
+
+at::Tensor ProcessGroup::take_symmetric(int64_t numel, const at::TensorOptions& options) {
+  if (!options.device().is_cpu() || numel == 0) return at::empty({numel}, options);
+  return pool_->take(*this, numel, options);
 }
 
 void ProcessGroup::all_reduce_(at::Tensor& t, ReduceOp op) { run_now(all_reduce_body(*comm_, t, op)); }

@@ -149,6 +149,39 @@ TEST(ProcessGroup, GatherFamilyScatterReduceScatterAllToAll) {
   });
 }
 
+// Note [Symmetric pool]: dropped memory serves the next take without allocating; collectives on
+// pooled tensors run direct; a rank that finds no room (it still holds what the others dropped)
+// makes every rank grow the pool with it, and nothing waits.
+TEST(ProcessGroup, TakeSymmetricReusesDroppedMemoryAndRanksAgreeOnRoom) {
+  for_worlds({1, 2, 3}, [] {
+    auto g = default_group();
+    const int w = g->size(), me = g->rank();
+    at::Tensor a = g->take_symmetric(1000);
+    RANK_CHECK(a.numel() == 1000 && a.scalar_type() == at::kFloat);
+    RANK_CHECK(in_shared_memory(a.data_ptr()), "a pooled tensor outside symmetric memory");
+    void* first = a.data_ptr();
+    a.reset();
+    at::Tensor b = g->take_symmetric(1000);
+    RANK_CHECK(b.data_ptr() == first, "dropped memory was not taken again");
+    b.fill_(float(me + 1));
+    g->all_reduce_(b, ReduceOp::Sum);
+    RANK_CHECK_EQUAL(b, at::full({1000}, float(w * (w + 1) / 2)));
+    at::Tensor out = g->take_symmetric(int64_t(w) * 1000, at::kDouble);
+    g->all_gather_into(out, at::full({1000}, double(me), at::kDouble));
+    RANK_CHECK_EQUAL(out, at::arange(w, at::kDouble).repeat_interleave(1000));
+
+    const int64_t whole = 2 << 20;  // floats: one whole arena (8 MiB)
+    at::Tensor held = g->take_symmetric(whole);
+    if (me != 0) held.reset();  // rank 0 alone has no room for the next one
+    at::Tensor c = g->take_symmetric(whole);
+    RANK_CHECK(in_shared_memory(c.data_ptr()), "the grown pool's tensor outside symmetric memory");
+    c.fill_(1);
+    g->all_reduce_(c, ReduceOp::Sum);
+    RANK_CHECK_EQUAL(c, at::full({whole}, float(w)));
+    RANK_CHECK(g->take_symmetric(0).numel() == 0);
+  });
+}
+
 TEST(ProcessGroup, AllGatherVShapesDifferInEveryDim) {
   for_worlds({1, 2, 3, 4}, [] {
     auto g = default_group();

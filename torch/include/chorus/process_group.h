@@ -65,7 +65,8 @@ struct TensorAsyncOptions {
 
 namespace detail {
 struct PreparedCall;  // process_group.cc
-}
+class SymmetricPool;  // symmetric_pool.h
+}  // namespace detail
 
 class ProcessGroup {
  public:
@@ -84,6 +85,12 @@ class ProcessGroup {
   // memory]: collectives then move its bytes straight between the ranks' tensors), elsewhere in
   // ordinary memory. Every rank makes the same ones in the same order.
   at::Tensor alloc_symmetric(int64_t numel, const at::TensorOptions& options = {});
+  // Collective: a flat tensor of `numel` elements for a collective's buffer (a staging buffer
+  // asked for per call, as torch's FSDP2 does), contents unspecified, taken from the group's
+  // pool of symmetric memory (Note [Symmetric pool]): the memory of dropped tensors serves later
+  // calls, so after the first few calls a take costs one small all_reduce, not an allocation.
+  // Every rank takes the same sizes in the same order. Off the CPU: at::empty.
+  at::Tensor take_symmetric(int64_t numel, const at::TensorOptions& options = {});
 
   // In place: t becomes the reduction over ranks (rank order, identical bits everywhere).
   void all_reduce_(at::Tensor& t, ReduceOp op = ReduceOp::Sum);
@@ -195,6 +202,7 @@ class ProcessGroup {
   Handle submit(detail::PreparedCall call, TensorAsyncOptions async);
   std::shared_ptr<Communicator> comm_;
   std::vector<int> ranks_;
+  std::shared_ptr<detail::SymmetricPool> pool_;
 };
 
 // ---- the default group ------------------------------------------------------------------

@@ -2,60 +2,11 @@
 // Note [Sharded backward] in backward.cc).
 #include "sharded/param.h"
 
-#include <map>
-#include <mutex>
-
 #include "sharded/param_kernel.h"
 
 namespace chorus::detail {
 
-// Note [Sharded buffers in symmetric memory]: first fit over the free ranges; a buffer's range
-// comes back when its last tensor goes, on whatever thread that is.
-class BufferCache::Arena : public std::enable_shared_from_this<Arena> {
- public:
-  explicit Arena(at::Tensor memory) : memory_(std::move(memory)) { free_[0] = memory_.numel(); }
-
-  at::Tensor take(int64_t numel, const at::TensorOptions& options) {
-    const int64_t bytes = (numel * int64_t(options.dtype().itemsize()) + kAlign - 1) / kAlign * kAlign;
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto it = free_.begin(); it != free_.end(); ++it) {
-      if (it->second < bytes) continue;
-      const int64_t at = it->first, left = it->second - bytes;
-      free_.erase(it);
-      if (left > 0) free_[at + bytes] = left;
-      auto* data = static_cast<uint8_t*>(memory_.data_ptr()) + at;
-      return at::from_blob(
-          data, {numel}, [arena = shared_from_this(), at, bytes](void*) { arena->give_back(at, bytes); },
-          options.requires_grad(false));
-    }
-    return {};
-  }
-
- private:
-  static constexpr int64_t kAlign = 64;
-  void give_back(int64_t at, int64_t bytes) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto next = free_.lower_bound(at);
-    if (next != free_.end() && next->first == at + bytes) {  // joins the range after it
-      bytes += next->second;
-      next = free_.erase(next);
-    }
-    if (next != free_.begin()) {  // and the one before
-      auto prev = std::prev(next);
-      if (prev->first + prev->second == at) {
-        prev->second += bytes;
-        return;
-      }
-    }
-    free_[at] = bytes;
-  }
-
-  at::Tensor memory_;
-  std::mutex mu_;
-  std::map<int64_t, int64_t> free_;  // offset -> bytes
-};
-
-void BufferCache::set_arena(at::Tensor memory) { arena_ = std::make_shared<Arena>(std::move(memory)); }
+void BufferCache::set_arena(at::Tensor memory) { arena_ = std::make_shared<SymmetricArena>(std::move(memory)); }
 
 at::Tensor BufferCache::take(int64_t numel, const at::TensorOptions& options) {
   for (size_t k = 0; k < spare_.size(); ++k) {

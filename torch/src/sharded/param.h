@@ -10,6 +10,7 @@
 
 #include "chorus/process_group.h"
 #include "placement.h"
+#include "symmetric_pool.h"
 
 namespace chorus::detail {
 
@@ -18,13 +19,13 @@ inline int64_t bytes_of(const at::Tensor& t) { return t.defined() ? t.numel() * 
 // Buffers for full parameters and reductions, reused across steps (a fresh allocation of this size
 // is a fresh mapping: page faults on every step). Keeps at most `limit` bytes, the newest.
 //
-// Note [Sharded buffers in symmetric memory]: new buffers come from an arena, one allocation of
-// the group's symmetric memory made when the module is sharded, while it has room, and from the
-// heap after that. Every rank takes and returns the same buffers in the same order, so a buffer
-// lies in the arena on every rank or on none, and a gather into it or a reduction out of it runs
-// direct (Note [Direct collectives]: no staging through the slots). Should the ranks' arenas ever
-// differ (a buffer returned late on one rank), that call runs staged on every rank: the
-// collective decides from all ranks' buffers, so the arena only ever makes calls faster.
+// Note [Sharded buffers in symmetric memory]: new buffers come from an arena (Note [Symmetric
+// arenas]), one allocation of the group's symmetric memory made when the module is sharded, as
+// large as what the cache keeps, and from the heap when it has no room. Every rank takes and
+// returns the same buffers in the same order, so a buffer almost always lies in the arena on every
+// rank or on none, and a gather into it or a reduction out of it runs direct (Note [Direct
+// collectives]: no staging through the slots). The arena is not a pool (Note [Symmetric pool]):
+// taking from it costs no collective, so prefetches stay queued behind the work before them.
 class BufferCache {
  public:
   void set_limit(int64_t bytes) { limit_ = bytes; }
@@ -35,10 +36,9 @@ class BufferCache {
   int64_t bytes() const { return bytes_; }
 
  private:
-  class Arena;
   std::vector<at::Tensor> spare_;
   int64_t bytes_ = 0, limit_ = 0;
-  std::shared_ptr<Arena> arena_;
+  std::shared_ptr<SymmetricArena> arena_;
 };
 
 // The bytes of full parameters and full gradients alive, kept as they change (never recounted),
