@@ -1,18 +1,26 @@
 #!/usr/bin/env python3
 """Runs chorus-bench next to the peers in ../shared/anchors (Open MPI, torch gloo) in one go and
 prints, per world size, each one's median time and busbw and chorus's speed-up over each peer.
-chorus runs twice: on ordinary buffers, and (all_reduce only, column chorus_sym) on buffers from
-Communicator::alloc_symmetric, which shared memory reduces directly between the ranks.
+chorus runs twice: on ordinary buffers, and (column chorus_sym) on buffers from
+Communicator::alloc_symmetric, which shared memory moves directly between the ranks. The floor,
+one 64 MiB memcpy on one core (membw.c), is measured in the same run.
 
-  bench/compare.py --build build [--np 2,4,8] [--gloo-np 2] [--repeat 3] [--out bench-results]
+  bench/compare.py --build build [--np 2,4,8] [--gloo-np 2] [--repeat 3] [--out bench-results] [--load]
+
+--load runs a CPU-bound process beside every benchmark (one core taken from the ranks) and prints
+the 95th percentile next to the median, chorus against Open MPI (bench/mpi_tail.c): how much a
+rank that spins loses when a core is not its own.
 
 Machines are shared and noisy: compare the ratios of one run, not absolute figures across runs.
 With --repeat N the three are run N times, interleaved, and each figure is the median of the N
 runs' medians, which keeps one disturbed run from deciding a comparison.
 Writes the raw outputs and a combined CSV (world,op,bytes,impl,median_us,busbw_GBps) to --out.
 """
+import contextlib
 import csv
 import os
+import re
+import subprocess
 import sys
 
 import runner
@@ -47,11 +55,42 @@ def chorus_rows(build, world, ops, out, symmetric=False):
     for line in text.splitlines():
         if line.startswith("#") or line.startswith("op,"):
             continue
-        op, size, med, _p95, _alg, bus, check = line.split(",")
+        op, size, med, p95, _alg, bus, check = line.split(",")
         if check == "FAIL":
             sys.exit(f"chorus-bench reported a wrong result for {op} {size}")
-        rows[(op, int(size))] = (float(med), float(bus))
+        rows[(op, int(size))] = (float(med), float(bus), float(p95))
     return rows
+
+
+def tail_rows(text):
+    """mpi_tail's 'op bytes median_us p95_us' lines -> {(op, bytes): (median_us, 0, p95_us)}."""
+    rows = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 4 and parts[0] != "op":
+            rows[(parts[0], int(parts[1]))] = (float(parts[2]), 0.0, float(parts[3]))
+    return rows
+
+
+def memcpy_floor_us(text):
+    """membw's 64 MiB line -> the time of one 64 MiB memcpy on one core, in us."""
+    for line in text.splitlines():
+        m = re.match(r"\s*(\d+) memcpy ([\d.]+) GB/s", line)
+        if m and int(m.group(1)) == 64 << 20:
+            return (64 << 20) / (float(m.group(2)) * 1e9) * 1e6
+    sys.exit("membw printed no 64 MiB memcpy line")
+
+
+@contextlib.contextmanager
+def cpu_load(on):
+    """With on: a CPU-bound process runs until the block ends."""
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if on else None
+    try:
+        yield
+    finally:
+        if hog:
+            hog.kill()
+            hog.wait()
 
 
 def main():
@@ -59,31 +98,42 @@ def main():
     ap.add_argument("--gloo-np", default="2")
     ap.add_argument("--python", default=runner.default_python(), help="the Python with torch for the gloo anchor "
                     "(default: the project's .venv)")
+    ap.add_argument("--load", action="store_true", help="a CPU-bound process beside the benchmarks; p95 tables")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     anchors = os.path.abspath(args.anchors)
 
-    mpi_bin = os.path.join(args.out, "mpi_bench")
+    mpi_bin, membw_bin = os.path.join(args.out, "mpi_bench"), os.path.join(args.out, "membw")
     runner.run(["mpicc", "-O2", os.path.join(anchors, "mpi_bench.c"), "-o", mpi_bin])
+    runner.run(["gcc", "-O3", "-march=native", os.path.join(anchors, "membw.c"), "-o", membw_bin])
+    if args.load:  # Open MPI's tail beside chorus-bench's p95 column
+        mpi_bin = os.path.join(args.out, "mpi_tail")
+        runner.run(["mpicc", "-O2", os.path.join(runner.HERE, "mpi_tail.c"), "-o", mpi_bin])
     env1 = runner.one_thread_env()
 
     combined = []
     verdicts = runner.Verdicts()
     for world in runner.worlds(args):
-        ops = OPS if world == 2 else ["barrier", "all_reduce"]
+        ops = OPS
         runs = {"chorus": [], "chorus_sym": [], "mpi": []}
-        with_gloo = str(world) in args.gloo_np.split(",")
+        with_gloo = str(world) in args.gloo_np.split(",") and not args.load
         if with_gloo:
             runs["gloo"] = []
+        floors = []
         for r in range(args.repeat):
-            runs["chorus"].append(chorus_rows(args.build, world, ops, args.out))
-            runs["chorus_sym"].append(chorus_rows(args.build, world, ["all_reduce"], args.out, symmetric=True))
-            runs["mpi"].append(parse_table(runner.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(world), mpi_bin],
-                                               log=os.path.join(args.out, f"mpi_w{world}_{r}.txt"))))
+            floors.append(memcpy_floor_us(runner.run([membw_bin], log=os.path.join(args.out, f"membw_w{world}_{r}.txt"))))
+            with cpu_load(args.load):
+                runs["chorus"].append(chorus_rows(args.build, world, ops, args.out))
+                runs["chorus_sym"].append(
+                    chorus_rows(args.build, world, ["all_reduce", "all_gather"], args.out, symmetric=True))
+                mpi_text = runner.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(world), mpi_bin],
+                                      log=os.path.join(args.out, f"mpi_w{world}_{r}.txt"))
+                runs["mpi"].append(tail_rows(mpi_text) if args.load else parse_table(mpi_text))
             if with_gloo:
                 runs["gloo"].append(parse_table(runner.run([args.python, os.path.join(anchors, "torch_gloo_bench.py"), str(world)],
                                                     env=env1, log=os.path.join(args.out, f"gloo_w{world}_{r}.txt"))))
         results = {impl: runner.medians(tables) for impl, tables in runs.items()}
+        floor = runner.medians([{"floor": f} for f in floors])["floor"]
         peers = [p for p in ("chorus_sym", "mpi", "gloo") if p in results]
         print(f"\n## world size {world}, {args.repeat} run(s) (median us; busbw GB/s; speed-up = peer time / chorus time; "
               "chorus_sym = chorus between symmetric buffers)")
@@ -111,8 +161,32 @@ def main():
                     if (op, size) in table:
                         combined.append([world, op, size, impl, *table[(op, size)]])
 
+        if args.load:
+            print(f"\n## world size {world} beside a CPU-bound process: p95 / median (us), chorus and Open MPI")
+            print(f"{'op':11s} {'bytes':>9s} {'chorus_med':>10s} {'chorus_p95':>10s} {'mpi_med':>10s} {'mpi_p95':>10s}"
+                  f" {'p95 xmpi':>8s}")
+            for op in ops:
+                for size in SIZES:
+                    c, m = results["chorus"].get((op, size)), results["mpi"].get((op, size))
+                    if c and m:
+                        print(f"{op:11s} {size:>9d} {c[0]:>10.2f} {c[2]:>10.2f} {m[0]:>10.2f} {m[2]:>10.2f}"
+                              f" {m[2] / c[2]:>8.2f}")
+                        verdicts.check(f"W={world} {op} {size} B: p95 <= Open MPI's under load", c[2] <= m[2])
+            continue
+        print(f"64 MiB memcpy on one core (membw, the floor): {floor:.0f} us; chorus's 64 MiB all_reduce reaches "
+              f"{floor / results['chorus'][('all_reduce', 64 << 20)][0]:.0%} of it (ordinary buffers), "
+              f"{floor / results['chorus_sym'][('all_reduce', 64 << 20)][0]:.0%} (symmetric)")
+
         def check(label, ok):
             verdicts.check(f"W={world} {label}", ok)
+
+        losers = [f"{op} {size} B vs {p}" for op in ops for size in ([0] if op == "barrier" else SIZES)
+                  for p in ("mpi", "gloo") if p in results and (op, size) in results[p] and (op, size) in results["chorus"]
+                  and results["chorus"][(op, size)][0] > results[p][(op, size)][0]]
+        check("every op and size at least as fast as Open MPI and gloo" + (f" (slower: {', '.join(losers)})" if losers else ""),
+              not losers)
+        check("64 MiB all_reduce (ordinary buffers) >= 80% of the one-core memcpy floor",
+              floor >= 0.8 * results["chorus"][("all_reduce", 64 << 20)][0])
 
         ch, mp = results["chorus"], results["mpi"]
         check("barrier <= Open MPI", ch[("barrier", 0)][0] <= mp[("barrier", 0)][0])
@@ -133,7 +207,7 @@ def main():
         w = csv.writer(f)
         w.writerow(["world", "op", "bytes", "impl", "median_us", "busbw_GBps"])
         w.writerows(combined)
-    verdicts.print("## targets (issue 2)")
+    verdicts.print("## targets (issues 2 and 28)")
 
 
 if __name__ == "__main__":

@@ -4,19 +4,17 @@
 
 namespace chorus::detail {
 
-namespace {
-constexpr int64_t kAlign = 64;
-int64_t aligned_bytes(int64_t numel, const at::TensorOptions& options) {
-  return (numel * int64_t(options.dtype().itemsize()) + kAlign - 1) / kAlign * kAlign;
-}
-}  // namespace
-
 SymmetricArena::SymmetricArena(at::Tensor memory) : memory_(std::move(memory)) {
   if (memory_.numel() > 0) free_[0] = memory_.numel();
 }
 
+int64_t SymmetricArena::footprint(int64_t numel, const at::TensorOptions& options) {
+  constexpr int64_t kAlign = 64;  // every tensor starts on a cache line
+  return std::max<int64_t>(1, (numel * int64_t(options.dtype().itemsize()) + kAlign - 1) / kAlign) * kAlign;
+}
+
 at::Tensor SymmetricArena::take(int64_t numel, const at::TensorOptions& options) {
-  const int64_t bytes = std::max(aligned_bytes(numel, options), kAlign);
+  const int64_t bytes = footprint(numel, options);
   std::lock_guard<std::mutex> lock(mu_);
   for (auto it = free_.begin(); it != free_.end(); ++it) {
     if (it->second < bytes) continue;
@@ -57,7 +55,7 @@ at::Tensor SymmetricPool::take(ProcessGroup& group, int64_t numel, const at::Ten
   group.all_reduce_(room, ReduceOp::Min);
   if (room.item<int>() == 1) return found;
   found.reset();  // its range goes back: every rank takes from the new arena
-  const int64_t bytes = std::max(aligned_bytes(numel, options), kArenaBytes);
+  const int64_t bytes = std::max(SymmetricArena::footprint(numel, options), kArenaBytes);
   arenas_.push_back(std::make_shared<SymmetricArena>(group.alloc_symmetric(bytes, at::kByte)));
   return arenas_.back()->take(numel, options);
 }

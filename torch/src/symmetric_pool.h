@@ -28,6 +28,8 @@ class SymmetricArena : public std::enable_shared_from_this<SymmetricArena> {
   // A tensor of `numel` elements, 64-byte aligned, contents unspecified; undefined when no free
   // range holds it.
   at::Tensor take(int64_t numel, const at::TensorOptions& options);
+  // The bytes such a tensor occupies in an arena.
+  static int64_t footprint(int64_t numel, const at::TensorOptions& options);
 
  private:
   void give_back(int64_t at, int64_t bytes);

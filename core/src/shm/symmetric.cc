@@ -67,9 +67,13 @@ constexpr size_t kNameBytes = 64;
 
 [[noreturn]] void fail(const std::string& what, const std::string& name) { shm_fail("alloc_symmetric", what, name); }
 
-uint8_t* map_object(int fd, size_t bytes, const std::string& name) {
-  // Populated now, so the first collective on the buffer takes no page faults.
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+// A rank's own buffer is populated now (its memory exists from here on, and the first collective
+// takes no faults on it). A peer's is mapped as it is touched: a rank's resident set then counts
+// only the parts of its peers' buffers it reads or writes (a direct all_reduce touches 1/W of
+// each), not every peer's whole buffer again, and the pages exist already, so a fault costs no
+// zeroing.
+uint8_t* map_object(int fd, size_t bytes, const std::string& name, bool own) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | (own ? MAP_POPULATE : 0), fd, 0);
   if (p == MAP_FAILED) {
     close(fd);
     fail(detail::concat("cannot map ", bytes, " bytes of"), name);
@@ -112,7 +116,7 @@ SymmetricMemory alloc_symmetric(ShmGroup& g, const Call& c) {
 
   Unlink mine{unique_shm_name()};
   int fd = create_shm_object("alloc_symmetric", mine.name, bytes);
-  region->bases[size_t(me)] = map_object(fd, bytes, mine.name);
+  region->bases[size_t(me)] = map_object(fd, bytes, mine.name, true);
   std::memset(g.write_slot(), 0, kNameBytes);
   std::memcpy(g.write_slot(), mine.name.data(), std::min(mine.name.size(), kNameBytes - 1));
   g.sync();  // every rank's buffer exists (and the call is checked)
@@ -129,7 +133,7 @@ SymmetricMemory alloc_symmetric(ShmGroup& g, const Call& c) {
       errno = EINVAL;
       fail(detail::concat("rank ", p, "'s buffer is not ", bytes, " bytes"), name);
     }
-    region->bases[size_t(p)] = map_object(fd, bytes, name);
+    region->bases[size_t(p)] = map_object(fd, bytes, name, false);
   }
   g.sync();  // everyone maps everything: the names can go (mine when this returns)
 

@@ -86,11 +86,22 @@ void ShardedState::shard(torch::nn::Module& module, const std::vector<std::share
     if (params_[i]->param.requires_grad())
       hooks_.add(params_[i]->param, weak_from_this(), &ShardedState::on_grad_ready, i);
   seen_in_forward_.assign(units_.size(), 0);
-  int64_t largest = 0;
-  for (const auto& u : units_) largest = std::max(largest, u.gathered_bytes(ctx_.world));
+  // Note [Sharded buffers in symmetric memory]: the arena holds the two largest units gathered at
+  // once (the one in use and the one prefetched) and every parameter's reduced block.
+  int64_t largest = 0, first = 0, second = 0, blocks = 0;
+  for (const auto& u : units_) {
+    largest = std::max(largest, u.gathered_bytes(ctx_.world));
+    int64_t b = 0;
+    for (const ShardedParam* p : u.params) {
+      b += SymmetricArena::footprint(ctx_.world * p->shard_numel, p->shard.options());
+      blocks += SymmetricArena::footprint(p->shard_numel, p->shard.options());
+    }
+    second = std::max(second, std::min(b, first));
+    first = std::max(first, b);
+  }
   ctx_.buffers.set_limit(2 * largest);  // the unit in use and the one prefetched
-  // Note [Sharded buffers in symmetric memory]: room for what the cache keeps.
-  if (ctx_.world > 1 && largest > 0) ctx_.buffers.set_arena(ctx_.group->alloc_symmetric(2 * largest, at::kByte));
+  if (ctx_.world > 1 && first > 0)
+    ctx_.buffers.set_arena(ctx_.group->alloc_symmetric(first + second + blocks, at::kByte));
 }
 
 // Makes the units (the root unit first) and returns the unit of each entry of

@@ -1,0 +1,57 @@
+/* Open MPI's collectives timed one call at a time, for bench/compare.py --load: rank 0's median and
+   95th percentile per op and size, with chorus-bench's iteration counts, percentile rule and
+   barriers before and after each call (../shared/anchors/mpi_bench.c prints medians only).
+   Build: mpicc -O2 mpi_tail.c -o mpi_tail; run: mpirun -np N mpi_tail
+   Prints: op bytes median_us p95_us */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static int by_value(const void* a, const void* b) {
+  double x = *(const double*)a, y = *(const double*)b;
+  return x < y ? -1 : x > y;
+}
+
+static double at_fraction(double* v, int n, double f) {
+  qsort(v, n, sizeof(double), by_value);
+  const int k = (int)(f * n);
+  return v[k < n - 1 ? k : n - 1];
+}
+
+enum { kAllReduce, kAllGather, kBroadcast };
+static const char* const kNames[] = {"all_reduce", "all_gather", "broadcast"};
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank, world;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  const long sizes[] = {8, 1024, 65536, 1 << 20, 16 << 20, 64 << 20};
+  double times[200];
+  if (rank == 0) printf("op bytes median_us p95_us\n");
+  for (int s = 0; s < 6; s++) {
+    const long bytes = sizes[s], count = bytes / 4 > 0 ? bytes / 4 : 1;
+    float *x = calloc(count, 4), *y = calloc(count, 4), *g = calloc(count * world, 4);
+    const int iters = bytes <= 65536 ? 200 : bytes <= (1 << 20) ? 50 : 10;
+    for (int op = kAllReduce; op <= kBroadcast; op++) {
+      for (int i = -3; i < iters; i++) {  // 3 untimed
+        MPI_Barrier(MPI_COMM_WORLD);
+        double t = MPI_Wtime();
+        if (op == kAllReduce) MPI_Allreduce(x, y, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        if (op == kAllGather) MPI_Allgather(x, count, MPI_FLOAT, g, count, MPI_FLOAT, MPI_COMM_WORLD);
+        if (op == kBroadcast) MPI_Bcast(x, count, MPI_FLOAT, 0, MPI_COMM_WORLD);
+        if (i >= 0) times[i] = (MPI_Wtime() - t) * 1e6;
+        MPI_Barrier(MPI_COMM_WORLD);
+      }
+      if (rank == 0) {
+        const double p95 = at_fraction(times, iters, 0.95), median = at_fraction(times, iters, 0.5);
+        printf("%s %ld %.2f %.2f\n", kNames[op], bytes, median, p95);
+      }
+    }
+    free(x);
+    free(y);
+    free(g);
+  }
+  MPI_Finalize();
+  return 0;
+}
