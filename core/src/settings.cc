@@ -44,7 +44,10 @@ Settings read_settings(const EnvMap& env) {
     if (*v < 64) throw InvalidArgument("CHORUS_SHM_CHUNK_BYTES must be at least 64");
     s.shm_chunk_bytes = size_t(*v);
   }
-  if (auto v = env_int(env, "CHORUS_SHM_SPIN")) s.shm_spin = int(*v);
+  if (auto v = env_int(env, "CHORUS_SHM_SPIN_US")) {
+    if (*v < 0) throw InvalidArgument("CHORUS_SHM_SPIN_US must be >= 0");
+    s.shm_spin_us = int(*v);
+  }
   if (auto v = env_int(env, "CHORUS_LOG_LEVEL")) s.log_level = int(*v);
   if (auto v = env_int(env, "CHORUS_RECV_CACHE_MB")) {
     if (*v < 0) throw InvalidArgument("CHORUS_RECV_CACHE_MB must be >= 0 (0 turns the cache off)");

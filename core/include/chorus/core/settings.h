@@ -6,8 +6,8 @@
 //   CHORUS_SHM_CHUNK_BYTES     size of each rank's shared-memory slot (default 524288; rank 0's
 //                              value holds for the whole group); small
 //                              values force the multi-chunk paths
-//   CHORUS_SHM_SPIN            busy-wait rounds before yielding (default: 4000, or 20 when
-//                              ranks outnumber cores)
+//   CHORUS_SHM_SPIN_US         microseconds a shared-memory wait spins before it yields
+//                              (default 1)
 //   CHORUS_RECV_CACHE_MB       memory the torch layer keeps for reuse by large received tensors
 //                              once they are freed (default 512; 0: off). Fresh pages cost a
 //                              page fault each, which dominates receiving large objects.
@@ -33,7 +33,7 @@ struct Settings {
   std::chrono::milliseconds store_timeout{std::chrono::minutes(5)};
   std::string backend = "auto";
   size_t shm_chunk_bytes = 512 * 1024;
-  std::optional<int> shm_spin;
+  std::optional<int> shm_spin_us;
   int log_level = 0;
   size_t recv_cache_bytes = size_t(512) << 20;
 };
