@@ -1,5 +1,6 @@
 #include "abort_cause.h"
 
+#include "call_compare.h"
 #include "chorus/core/error.h"
 
 namespace chorus {
@@ -23,7 +24,7 @@ void raise_peer_abort(const AbortCause& cause, int from, const std::string& what
   switch (cause.kind) {
     case AbortKind::Timeout: throw TimeoutError(msg, {cause.about}, what);
     case AbortKind::PeerFailure: throw PeerFailure(msg, cause.about);
-    case AbortKind::Mismatch: throw CollectiveMismatch(msg, {});
+    case AbortKind::Mismatch: throw CollectiveMismatch(msg, calls_in_mismatch_report(cause.text));
     default: throw Error(msg);
   }
 }

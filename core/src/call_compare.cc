@@ -7,6 +7,12 @@
 
 namespace chorus {
 
+namespace {
+// A mismatch report's line per rank: "\n  rank 2 (call #7): barrier()".
+constexpr const char* kReportLine = "\n  rank ";
+constexpr const char* kReportCall = "): ";
+}  // namespace
+
 bool has_counts(OpKind kind) {
   return kind == OpKind::AllGatherV || kind == OpKind::GatherV || kind == OpKind::AllToAllV || kind == OpKind::Split;
 }
@@ -49,9 +55,9 @@ std::string list_ranks(const std::vector<int>& ranks) {
   return s;
 }
 
-void put_text(char* field, const std::string& text) {
-  std::memset(field, 0, kTextBytes);
-  std::memcpy(field, text.data(), std::min(text.size(), kTextBytes - 1));
+void put_text(char* field, const std::string& text, size_t bytes) {
+  std::memset(field, 0, bytes);
+  std::memcpy(field, text.data(), std::min(text.size(), bytes - 1));
 }
 
 std::string describe_desc(const CallDesc& d, const uint64_t* counts, int world) {
@@ -105,13 +111,24 @@ void compare_calls(const std::vector<RankCall>& all, int me, uint64_t index, con
   for (int p = 0; p < world; ++p) {
     const CallDesc& d = all[size_t(p)].desc;
     calls.push_back(describe_desc(d, all[size_t(p)].counts, world));
-    lines += detail::concat("\n  rank ", p, " (call #", d.call, "): ", calls.back());
+    lines += detail::concat(kReportLine, p, " (call #", d.call, kReportCall, calls.back());
   }
   throw CollectiveMismatch(detail::concat("ranks of group '", group, "' made different calls at call #", index,
                                           " (every rank must call the same collective with the same dtype, "
                                           "count, op and root):",
                                           lines),
                            calls);
+}
+
+std::vector<std::string> calls_in_mismatch_report(const std::string& text) {
+  std::vector<std::string> calls;
+  for (size_t at = text.find(kReportLine); at != std::string::npos; at = text.find(kReportLine, at + 1)) {
+    const size_t call = text.find(kReportCall, at);
+    if (call == std::string::npos) break;
+    const size_t begin = call + std::strlen(kReportCall);
+    calls.push_back(text.substr(begin, text.find('\n', begin) - begin));
+  }
+  return calls;
 }
 
 }  // namespace chorus

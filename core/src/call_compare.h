@@ -16,7 +16,9 @@
 
 namespace chorus {
 
-constexpr size_t kTextBytes = 256;  // room for a rejection or abort text
+constexpr size_t kTextBytes = 256;  // room for a rejection text
+// Room for an abort text: a mismatch report lists every rank's call, about 50 bytes a rank.
+constexpr size_t kAbortTextBytes = 8192;
 
 // What a rank called, as its peers see it. Plain data.
 struct CallDesc {
@@ -35,9 +37,12 @@ CallDesc make_desc(const Call& call, uint64_t index);
 std::vector<uint64_t> travelling_counts(const Call& call);
 // "2, 5, 7": ranks as error messages list them.
 std::string list_ranks(const std::vector<int>& ranks);
-// Copies text into a kTextBytes field, cut to fit, always terminated.
-void put_text(char* field, const std::string& text);
+// Copies text into a field of `bytes` (kTextBytes unless told), cut to fit, always terminated.
+void put_text(char* field, const std::string& text, size_t bytes = kTextBytes);
 std::string describe_desc(const CallDesc& d, const uint64_t* counts, int world);
+// The calls a mismatch report (CollectiveMismatch's what()) shows, one per rank, read back from
+// its text: how a rank that learns of the mismatch from a peer's abort shows the same calls.
+std::vector<std::string> calls_in_mismatch_report(const std::string& text);
 
 // What compare_calls compares between ranks, as 64 bits: equal fingerprints mean equal calls
 // (but for a 2^-64 chance). A rejection does not count, and neither do all_to_all_v's counts,

@@ -6,6 +6,7 @@
 #include <array>
 #include <cstring>
 
+#include "abort_cause.h"
 #include "call_compare.h"
 #include "chorus/core/error.h"
 #include "communicator/arguments.h"
@@ -139,6 +140,37 @@ TEST(CallComparison, AMismatchShowsEveryRanksCall) {
     expect_says(m, "rank 3 (call #1): broadcast(f64 x 8, root 3)");
     ASSERT_EQ(e.calls().size(), 4u);
     EXPECT_EQ(e.calls()[2], "all_reduce(f32 x 9, sum)");
+  }
+}
+
+// A rank can learn of a mismatch from a peer that found it first (the peer's abort, carried as
+// text through shared memory or the store): it raises the same error with the same calls.
+TEST(CallComparison, AMismatchReadFromAPeersAbortShowsEveryRanksCall) {
+  Ranks ranks;
+  const std::vector<uint64_t> counts = {1, 2, 3, 4};
+  for (int r = 0; r < 4; ++r)
+    ranks.add(r == 1 ? all_reduce(8)
+                     : Call{.kind = OpKind::AllGatherV, .dtype = DataType::Int64, .in = a, .out = b, .counts = counts});
+  std::vector<std::string> calls;
+  AbortCause cause;
+  try {
+    compare_calls(ranks.view(), 0, 5, "g");
+    FAIL() << "no mismatch raised";
+  } catch (const CollectiveMismatch& e) {
+    calls = e.calls();
+    cause = abort_cause(std::current_exception());
+  }
+  std::vector<char> field(kAbortTextBytes);
+  put_text(field.data(), cause.text, field.size());
+  cause.text = field.data();
+  try {
+    raise_peer_abort(cause, 0, "barrier()", "g");
+    FAIL() << "no mismatch raised";
+  } catch (const CollectiveMismatch& e) {
+    expect_says(e.what(), "barrier() on group 'g': rank 0 gave up first: ranks of group 'g' made different calls");
+    ASSERT_EQ(calls.size(), 4u);
+    EXPECT_EQ(calls[1], "all_reduce(f32 x 8, sum)");
+    EXPECT_EQ(e.calls(), calls);
   }
 }
 

@@ -64,7 +64,7 @@ struct alignas(kLine) RankControl {
   std::atomic<int32_t> abort_rank;   // the failed or missing rank the abort names
   CallLine calls[2];                 // by call parity
   char invalid_text[2][kTextBytes];  // by call parity: why this rank rejected its arguments
-  char abort_text[kTextBytes];
+  char abort_text[kAbortTextBytes];
   // Followed by uint64_t counts[2][2 * W] (by call parity); see Layout::counts.
 };
 

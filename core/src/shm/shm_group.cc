@@ -93,7 +93,7 @@ void ShmGroup::check_peers(const std::vector<int>& awaited, const std::string& w
     RankControl& peer = seg_.ctrl(p);
     if (peer.state.load() != kAborted) continue;
     raise_peer_abort({AbortKind(peer.abort_kind.load()), peer.abort_rank.load(),
-                      std::string(peer.abort_text, strnlen(peer.abort_text, kTextBytes))},
+                      std::string(peer.abort_text, strnlen(peer.abort_text, kAbortTextBytes))},
                      p, what, name_);
   }
   const auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started);
@@ -133,7 +133,7 @@ void ShmGroup::check_peers(const std::vector<int>& awaited, const std::string& w
 void ShmGroup::abort(const AbortCause& cause) {
   RankControl& me = seg_.ctrl(rank_);
   if (me.state.load() == kAborted) return;
-  put_text(me.abort_text, cause.text);
+  put_text(me.abort_text, cause.text, kAbortTextBytes);
   me.abort_kind.store(uint32_t(cause.kind));
   me.abort_rank.store(cause.about);
   me.state.store(kAborted);
