@@ -59,6 +59,7 @@ struct alignas(kLine) RankControl {
   std::atomic<uint32_t> seq;      // last phase this rank posted; peers futex-wait on it
   std::atomic<uint32_t> waiters;  // peers sleeping on seq; the poster wakes them when non-zero
   std::atomic<int32_t> pid;
+  std::atomic<int32_t> cpu;     // the CPU this rank last posted from (Note [Waiting with more ranks than cores])
   std::atomic<uint32_t> state;  // RankState
   std::atomic<uint32_t> abort_kind;
   std::atomic<int32_t> abort_rank;   // the failed or missing rank the abort names

@@ -14,6 +14,7 @@ ShmGroup::ShmGroup(Store& store, int rank, int world, const BackendOptions& opti
       seg_(store, rank, world, options.shm_chunk_bytes, options.deadline, options.group_name),
       policy_(SpinPolicy::for_group(world)),
       calls_(size_t(world)) {
+  seg_.ctrl(rank_).cpu.store(sched_getcpu());
   for (int r = 0; r < world; ++r)
     if (r != rank) watch_.watch(r, seg_.ctrl(r).pid.load());
 }
@@ -54,6 +55,7 @@ void ShmGroup::start(const Call& call) {
 void ShmGroup::post() {
   RankControl& me = seg_.ctrl(rank_);
   const uint32_t target = ++phase_;
+  me.cpu.store(sched_getcpu(), std::memory_order_relaxed);
   me.calls[call_ & 1].phase.store(target, std::memory_order_release);  // Note [One line per call]
   shm::post(me.seq, me.waiters, target);
 }
@@ -66,7 +68,7 @@ void ShmGroup::wait() {
     RankControl& peer = seg_.ctrl(p);
     auto ready = [&] { return reached(peer.calls[line].phase.load(std::memory_order_acquire), target); };
     if (ready()) continue;
-    wait_until(ready, peer.seq, peer.waiters, policy_, [&] {
+    wait_until(ready, peer.seq, peer.waiters, policy_, may_spin(peer.cpu), [&] {
       std::vector<int> missing;
       for (int q = 0; q < world_; ++q)
         if (q != rank_ && !reached(seg_.ctrl(q).calls[line].phase.load(std::memory_order_acquire), target))

@@ -66,14 +66,15 @@ class ShmGroup {
   void wait_for_peer(Ready&& ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& waiters, int peer,
                      const Call& c, What&& what) {
     if (ready()) return;  // the vector of peers is built only when a wait checks on them
-    wait_until(ready, word, waiters, policy_, [&] { check_peers({peer}, what(), c.start, c.deadline); });
+    wait_until(ready, word, waiters, policy_, may_spin(seg_.ctrl(peer).cpu),
+               [&] { check_peers({peer}, what(), c.start, c.deadline); });
   }
   // The same, for a call that waits on any of `peers` (a receive from any rank).
   template <class Ready, class What>
   void wait_for_peers(Ready&& ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& waiters,
                       const std::vector<int>& peers, const Call& c, What&& what) {
     if (ready()) return;
-    wait_until(ready, word, waiters, policy_, [&] { check_peers(peers, what(), c.start, c.deadline); });
+    wait_until(ready, word, waiters, policy_, true, [&] { check_peers(peers, what(), c.start, c.deadline); });
   }
 
   // Publishes this rank's failure so peers stop waiting for it.

@@ -28,7 +28,7 @@ SpinPolicy SpinPolicy::for_group(int size) {
   int cores = int(std::thread::hardware_concurrency());
   if (sched_getaffinity(0, sizeof(set), &set) == 0) cores = CPU_COUNT(&set);
   const bool oversubscribed = size > cores;
-  p.spin_for = std::chrono::microseconds(settings().shm_spin_us.value_or(1));
+  p.spin_for = std::chrono::microseconds(settings().shm_spin_us.value_or(oversubscribed ? 1 : 50));
   if (oversubscribed) p.yield_for = std::chrono::microseconds(100);
   return p;
 }

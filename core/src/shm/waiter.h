@@ -5,20 +5,24 @@
 // needs). So a wait spins briefly, then yields the core for a while, then sleeps on a futex on
 // the awaited word. Posters wake sleepers only when the word's waiters count is non-zero, so
 // the fast path costs no system call.
-// The spin is short, and bounded in time rather than in rounds (a pause instruction takes 10
-// to 140 cycles, by CPU): the scheduler often puts two ranks on one core even when there are as
-// many cores as ranks (nearly always, here, with a CPU-bound process beside them), and then the
-// awaited rank runs only once the spinner stops. Spinning 4000 rounds (about 200 us here) made
-// each such wait cost 200 us: an 8-byte all_reduce beside a CPU-bound process took a median of
-// 198 us; with a 1 us spin, 0.2 to 6 us. A rank whose peer is merely late loses little by
-// yielding early: sched_yield on an otherwise idle core returns at once, and the wait keeps
-// polling between yields.
-// When oversubscribed the yielding is short too (100 us, enough to hand the core to a peer
-// that is runnable on it): a thread in sched_yield stays runnable, and Linux's fair scheduler
-// still gives it its share of a core, taken from the ranks that compute. A DDP step at W=4 on
-// 2 cores, whose collectives wait on peers still in their backward pass, exposed 55-62 ms of
-// communication with 2 ms of yielding and 37-41 ms with 100 us; chorus-bench's collectives
-// alone did not change beyond noise.
+// The spin is bounded in time rather than in rounds (a pause instruction takes 10 to 140
+// cycles, by CPU), and it runs only where it can help. The scheduler often puts two ranks on
+// one core even when there are as many cores as ranks (nearly always, here, with a CPU-bound
+// process beside them), and then the awaited rank runs only once the spinner stops: spinning
+// 4000 rounds (about 200 us) made every such wait cost 200 us, and an 8-byte all_reduce beside
+// a CPU-bound process took a median of 198 us. So each rank records the CPU it last posted from,
+// and a wait on a peer that last ran on the waiter's own CPU does not spin at all. A peer on
+// another core is worth a longer spin (50 us): a rank that yields hands its core to whatever
+// else is runnable for a time slice, and with a 1 us spin for every wait that all_reduce took
+// 6 us, and a 1 MiB one had a p95 of 6 ms, where Open MPI, which spins, took 0.2 us. After the
+// spin a rank whose peer is merely late loses little by yielding: sched_yield on an otherwise
+// idle core returns at once, and the wait keeps polling between yields.
+// When oversubscribed the spin is 1 us, and the yielding short too (100 us, enough to hand the
+// core to a peer that is runnable on it): a thread in sched_yield stays runnable, and Linux's
+// fair scheduler still gives it its share of a core, taken from the ranks that compute. A DDP
+// step at W=4 on 2 cores, whose collectives wait on peers still in their backward pass, exposed
+// 55-62 ms of communication with 2 ms of yielding and 37-41 ms with 100 us; chorus-bench's
+// collectives alone did not change beyond noise.
 #pragma once
 
 #include <sched.h>
@@ -51,20 +55,25 @@ inline void cpu_relax() {
 }
 
 struct SpinPolicy {
-  Clock::duration spin_for = std::chrono::microseconds(1);
+  Clock::duration spin_for = std::chrono::microseconds(50);
   Clock::duration yield_for = std::chrono::microseconds(2000);
   static SpinPolicy for_group(int size);  // reads CHORUS_SHM_SPIN_US and the usable core count
 };
 
+// Whether a wait on a rank that last posted from `peer_cpu` may spin: not if that was this CPU.
+inline bool may_spin(const std::atomic<int32_t>& peer_cpu) {
+  return peer_cpu.load(std::memory_order_relaxed) != sched_getcpu();
+}
+
 // Waits until ready(). `word` is the futex word whose change makes ready() true, `waiters` its
-// sleepers count. check() runs about every millisecond once spinning is over; it throws to end
-// the wait (deadline passed, peer dead or aborted).
+// sleepers count. Spins only if `spin` (may_spin). check() runs about every millisecond once
+// spinning is over; it throws to end the wait (deadline passed, peer dead or aborted).
 template <class Ready, class Check>
 void wait_until(Ready&& ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& waiters, const SpinPolicy& policy,
-                Check&& check) {
+                bool spin, Check&& check) {
   for (int i = 0; i < 64; ++i)  // the first rounds react at once
     if (ready()) return;
-  const auto spin_until = Clock::now() + policy.spin_for;
+  const auto spin_until = Clock::now() + (spin ? policy.spin_for : Clock::duration::zero());
   do {
     for (int i = 0; i < 16; ++i) {  // then go easy on the sibling
       if (ready()) return;

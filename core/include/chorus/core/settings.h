@@ -7,7 +7,8 @@
 //                              value holds for the whole group); small
 //                              values force the multi-chunk paths
 //   CHORUS_SHM_SPIN_US         microseconds a shared-memory wait spins before it yields
-//                              (default 1)
+//                              (default 50; 1 when ranks outnumber cores); never while the
+//                              awaited rank last ran on the waiter's CPU
 //   CHORUS_RECV_CACHE_MB       memory the torch layer keeps for reuse by large received tensors
 //                              once they are freed (default 512; 0: off). Fresh pages cost a
 //                              page fault each, which dominates receiving large objects.
