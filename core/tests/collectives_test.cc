@@ -1,8 +1,9 @@
 // Every collective, swept over world size x element count x dtype x op x in-place, in real
 // processes; once with a tiny slot so every algorithm runs many rounds, once with the default
-// slot (inline, one-shot and pipelined paths). Each rank checks its own result against a
-// reference computed here.
+// slot (inline, one-shot and pipelined paths), and once with three ranks pinned to one core. Each
+// rank checks its own result against a reference computed here.
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cstring>
@@ -21,13 +22,31 @@ CommunicatorOptions options_for(const SweepConfig& config) {
   return options;
 }
 
+// Keeps this process on the first CPU it may use (Note [Waiting with more ranks than cores]: a
+// wait on a rank that last ran on the waiter's CPU does not spin).
+void pin_to_first_cpu() {
+  cpu_set_t set;
+  RANK_CHECK(sched_getaffinity(0, sizeof set, &set) == 0);
+  int cpu = 0;
+  while (!CPU_ISSET(cpu, &set)) ++cpu;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  RANK_CHECK(sched_setaffinity(0, sizeof set, &set) == 0);
+  RANK_CHECK(sched_getcpu() == cpu);
+}
+
 class Sweep : public ::testing::TestWithParam<SweepConfig> {};
 
 TEST_P(Sweep, EveryCollectiveDtypeOpAndCount) {
   const SweepConfig config = GetParam();
   const CommunicatorOptions options = options_for(config);
   auto results = run_group(
-      config.world, [&](Communicator& comm) { sweep(comm, config); }, options, std::chrono::seconds(800));
+      config.world,
+      [&](Communicator& comm) {
+        if (config.one_core) pin_to_first_cpu();
+        sweep(comm, config);
+      },
+      options, std::chrono::seconds(800));
   expect_all_ok(results);
   EXPECT_TRUE(leftover_segments(results).empty());
 }
@@ -49,6 +68,7 @@ std::vector<SweepConfig> configs() {
         out.push_back({"shm", w, 512, {0, 1, 17, 4099}});                            // many rounds through a tiny slot
         out.push_back({"shm", w, 0, {0, 1, 4099, (1u << (20 - kLargeShift)) + 3}});  // inline, one-shot, pipelined
       }
+      out.push_back({"shm", 3, 512, {0, 1, 17, 4099}, true});  // three ranks sharing one core
       continue;
     }
     // The engines (Gloo's TCP on loopback, MPI under mpirun -np 4), whose algorithms change
@@ -60,7 +80,8 @@ std::vector<SweepConfig> configs() {
 
 INSTANTIATE_TEST_SUITE_P(Core, Sweep, ::testing::ValuesIn(configs()), [](const auto& info) {
   if (info.param.backend != "shm") return detail::concat(info.param.backend, "_W", info.param.world);
-  return detail::concat("W", info.param.world, info.param.chunk_bytes ? "_small_chunks" : "_default_chunks");
+  return detail::concat("W", info.param.world, info.param.chunk_bytes ? "_small_chunks" : "_default_chunks",
+                        info.param.one_core ? "_one_core" : "");
 });
 
 // Symmetric memory (Note [Symmetric memory]): all_reduce between buffers in it, out of place and

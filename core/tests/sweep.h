@@ -17,9 +17,10 @@ struct SweepConfig {
   int world;
   size_t chunk_bytes;  // 0: default
   std::vector<size_t> counts;
+  bool one_core = false;  // every rank pinned to one CPU: each wait is on a rank that ran there
 };
 inline void PrintTo(const SweepConfig& c, std::ostream* os) {
-  *os << c.backend << " W" << c.world << " chunk " << c.chunk_bytes;
+  *os << c.backend << " W" << c.world << " chunk " << c.chunk_bytes << (c.one_core ? " one core" : "");
 }
 
 inline std::string label(const char* op, DataType dt, size_t count, const char* extra = "") {
