@@ -14,7 +14,7 @@ ShmGroup::ShmGroup(Store& store, int rank, int world, const BackendOptions& opti
       seg_(store, rank, world, options.shm_chunk_bytes, options.deadline, options.group_name),
       policy_(SpinPolicy::for_group(world)),
       calls_(size_t(world)) {
-  seg_.ctrl(rank_).cpu.store(sched_getcpu());
+  seg_.ctrl(rank_).cpu.store(sched_getcpu());  // else it reads 0 (CPU 0) until the first post()
   for (int r = 0; r < world; ++r)
     if (r != rank) watch_.watch(r, seg_.ctrl(r).pid.load());
 }
