@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "multiprocess.h"
+#include "shm/peer_read.h"
 
 namespace chorus::test {
 namespace {
@@ -74,6 +75,51 @@ TEST(ShmGroups, RanksWithDifferentSlotSettingsUseRankZeros) {
     comm->all_reduce(x.data(), x.data(), x.size(), DataType::Int32, ReduceOp::Sum);
     RANK_CHECK(x.front() == 6 && x.back() == 6);
   }));
+}
+
+// Note [Single-copy collectives]: middle-sized all_gathers read the peers' inputs directly when
+// every rank allows it (each rank's own setting), and go through the slots, on every rank alike,
+// as soon as one does not. Either way every form gives the same blocks, call after call.
+TEST(ShmGroups, SingleCopyAllGathersAreRightWhateverEachRankAllows) {
+  for (int refuser : {-1, 0, 1}) {
+    expect_all_ok(run_ranks(2, [&](RankContext& ctx) {
+      CommunicatorOptions options;
+      options.backend = "shm";
+      options.shm_single_copy = ctx.rank != refuser;
+      auto comm = Communicator::create(ctx.store, ctx.rank, ctx.world, options);
+      const int me = comm->rank();
+      auto value = [](int r, size_t i, int round) { return float(r * 1000003 + int(i % 65521) + round); };
+      for (int round = 0; round < 3; ++round)
+        for (size_t count : {size_t(65536) + 5, size_t(262144) + 1, size_t(400000)}) {  // 256 KiB .. 1.6 MiB
+          std::vector<float> in(count), out(2 * count, -1.0f);
+          for (size_t i = 0; i < count; ++i) in[i] = value(me, i, round);
+          comm->all_gather(in.data(), out.data(), count, DataType::Float32);
+          for (int r = 0; r < 2; ++r)
+            for (size_t i : {size_t(0), count / 2, count - 1})
+              RANK_CHECK(out[size_t(r) * count + i] == value(r, i, round), "all_gather of ", count, ", block ", r);
+          std::fill(out.begin(), out.end(), -1.0f);  // in place: the input is this rank's block
+          std::copy(in.begin(), in.end(), out.begin() + std::ptrdiff_t(size_t(me) * count));
+          comm->all_gather(out.data() + size_t(me) * count, out.data(), count, DataType::Float32);
+          for (int r = 0; r < 2; ++r)
+            RANK_CHECK(out[size_t(r) * count + count - 1] == value(r, count - 1, round), "in place, block ", r);
+          const std::vector<size_t> counts = {count, count / 3};  // uneven
+          std::vector<float> v(count + count / 3, -1.0f);
+          comm->all_gather_v(in.data(), v.data(), counts, DataType::Float32);
+          RANK_CHECK(v[count - 1] == value(0, count - 1, round) && v[count] == value(1, 0, round) &&
+                         v.back() == value(1, count / 3 - 1, round),
+                     "all_gather_v of ", count);
+        }
+    }));
+  }
+}
+
+TEST(ShmGroups, ReadingAPeerFailsCleanlyWhereTheKernelSaysNo) {
+  const uint64_t word = 0x1234567890abcdefull;
+  uint64_t got = 0;
+  EXPECT_TRUE(shm::read_peer(getpid(), &word, &got, sizeof got));
+  EXPECT_EQ(got, word);
+  EXPECT_FALSE(shm::read_peer(getpid(), nullptr, &got, sizeof got));  // not mapped
+  EXPECT_FALSE(shm::read_peer(-1, &word, &got, sizeof got));          // no such process
 }
 
 TEST_P(Async, WorkCompletesInOrderAndReportsErrors) {

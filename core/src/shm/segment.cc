@@ -13,6 +13,7 @@
 
 #include "chorus/core/error.h"
 #include "chorus/core/store.h"
+#include "shm/waiter.h"
 
 namespace chorus::shm {
 namespace {
@@ -103,6 +104,7 @@ void Segment::join(Store& store, int rank, int world, Clock::time_point deadline
     h.world = uint32_t(world);
     h.slot_bytes = layout_.slot_bytes;
     h.p2p_chunk = layout_.p2p_chunk;
+    h.cores = uint32_t(usable_cores());
     h.magic = kMagic;
     store.set("shm_name", name);
   } else {
@@ -118,6 +120,9 @@ void Segment::join(Store& store, int rank, int world, Clock::time_point deadline
     }
   }
   ctrl(rank).pid.store(getpid());
+  ctrl(rank).mapped_at.store(reinterpret_cast<uint64_t>(base_));
+  std::random_device random;
+  ctrl(rank).probe_word.store(uint64_t(random()) << 32 | random());
   ctrl(rank).state.store(kActive);
   if (header().attached.fetch_add(1) + 1 == uint32_t(world)) shm_unlink(name.c_str());
 

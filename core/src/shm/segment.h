@@ -62,7 +62,11 @@ struct alignas(kLine) RankControl {
   std::atomic<int32_t> cpu;     // the CPU this rank last posted from (Note [Waiting with more ranks than cores])
   std::atomic<uint32_t> state;  // RankState
   std::atomic<uint32_t> abort_kind;
-  std::atomic<int32_t> abort_rank;   // the failed or missing rank the abort names
+  std::atomic<int32_t> abort_rank;  // the failed or missing rank the abort names
+  // Note [Single-copy collectives]: where this rank maps the segment, and a random word that a
+  // peer reads through this rank's pid to prove it may read this rank's memory.
+  std::atomic<uint64_t> mapped_at;
+  std::atomic<uint64_t> probe_word;
   CallLine calls[2];                 // by call parity
   char invalid_text[2][kTextBytes];  // by call parity: why this rank rejected its arguments
   char abort_text[kAbortTextBytes];
@@ -76,6 +80,7 @@ struct alignas(kLine) Header {
   uint64_t slot_bytes;
   uint64_t p2p_chunk;
   std::atomic<uint32_t> attached;
+  uint32_t cores;  // rank 0's usable cores, so that every rank picks the same algorithms
 };
 
 struct alignas(kLine) ChannelEnd {
@@ -114,6 +119,7 @@ class Segment {
   Segment& operator=(const Segment&) = delete;
 
   const Layout& layout() const { return layout_; }
+  uint8_t* base() { return base_; }  // where this rank maps the segment
   Header& header() { return *reinterpret_cast<Header*>(base_); }
   RankControl& ctrl(int r) {
     return *reinterpret_cast<RankControl*>(base_ + layout_.ctrl_offset + r * layout_.ctrl_stride);

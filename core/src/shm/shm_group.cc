@@ -17,6 +17,20 @@ ShmGroup::ShmGroup(Store& store, int rank, int world, const BackendOptions& opti
   seg_.ctrl(rank_).cpu.store(sched_getcpu());  // else it reads 0 (CPU 0) until the first post()
   for (int r = 0; r < world; ++r)
     if (r != rank) watch_.watch(r, seg_.ctrl(r).pid.load());
+  reads_peers_ = options.shm_single_copy && probe_peer_reads();
+}
+
+bool ShmGroup::probe_peer_reads() {
+  for (int r = 0; r < world_; ++r) {
+    if (r == rank_) continue;
+    RankControl& peer = seg_.ctrl(r);
+    const uint64_t where = peer.mapped_at.load() + (reinterpret_cast<uint8_t*>(&peer.probe_word) - seg_.base());
+    uint64_t word = 0;
+    if (!read_peer(peer.pid.load(), reinterpret_cast<const void*>(where), &word, sizeof(word)) ||
+        word != peer.probe_word.load())
+      return false;
+  }
+  return true;
 }
 
 ShmGroup::~ShmGroup() {

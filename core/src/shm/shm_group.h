@@ -19,6 +19,7 @@
 
 #include "abort_cause.h"
 #include "backend.h"
+#include "shm/peer_read.h"
 #include "shm/peer_watch.h"
 #include "shm/segment.h"
 #include "shm/symmetric.h"
@@ -77,6 +78,15 @@ class ShmGroup {
     wait_until(ready, word, waiters, policy_, true, [&] { check_peers(peers, what(), c.start, c.deadline); });
   }
 
+  // Single copies (Note [Single-copy collectives]). Whether a call of `kind` moving `bytes` per
+  // rank should try one; the same answer on every rank.
+  bool single_copy(OpKind kind, size_t bytes) {
+    return single_copy_on_ && single_copy_window(kind, world_, int(seg_.header().cores)).contains(bytes);
+  }
+  bool reads_peers() const { return reads_peers_; }     // this rank's verdict from the probe
+  void stop_single_copy() { single_copy_on_ = false; }  // every rank calls it at the same call
+  int pid_of(int r) { return seg_.ctrl(r).pid.load(std::memory_order_relaxed); }
+
   // Publishes this rank's failure so peers stop waiting for it.
   void abort(const AbortCause& cause);
 
@@ -92,6 +102,7 @@ class ShmGroup {
                    Clock::time_point deadline);
   std::string call_name();  // "all_reduce(f32 x 8, sum) (call #12)", built only for messages
   std::string current();    // the current call as its descriptor says
+  bool probe_peer_reads();  // Note [Single-copy collectives]
 
   int rank_, world_;
   std::string name_;
@@ -103,6 +114,7 @@ class ShmGroup {
   bool compared_ = true;         // the current call's descriptors were compared
   std::vector<RankCall> calls_;  // compare()'s view of every rank's call, kept between calls
   uint32_t symmetric_made_ = 0;
+  bool reads_peers_ = false, single_copy_on_ = true;
   std::shared_ptr<SymmetricRegistry> symmetric_ = std::make_shared<SymmetricRegistry>();
   Clock::time_point started_, deadline_;
 };

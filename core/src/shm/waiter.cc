@@ -22,12 +22,15 @@ void futex_wake_all(std::atomic<uint32_t>* word) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
 }
 
+int usable_cores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+  return int(std::thread::hardware_concurrency());
+}
+
 SpinPolicy SpinPolicy::for_group(int size) {
   SpinPolicy p;
-  cpu_set_t set;
-  int cores = int(std::thread::hardware_concurrency());
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) cores = CPU_COUNT(&set);
-  const bool oversubscribed = size > cores;
+  const bool oversubscribed = size > usable_cores();
   p.spin_for = std::chrono::microseconds(settings().shm_spin_us.value_or(oversubscribed ? 1 : 50));
   if (oversubscribed) p.yield_for = std::chrono::microseconds(100);
   return p;

@@ -56,6 +56,9 @@ inline void cpu_relax() {
 #endif
 }
 
+// The CPUs this process may run on.
+int usable_cores();
+
 struct SpinPolicy {
   Clock::duration spin_for = std::chrono::microseconds(50);
   Clock::duration yield_for = std::chrono::microseconds(2000);

@@ -9,6 +9,9 @@
 //   CHORUS_SHM_SPIN_US         microseconds a shared-memory wait spins before it yields
 //                              (default 50; 1 when ranks outnumber cores); never while the
 //                              awaited rank last ran on the waiter's CPU
+//   CHORUS_SHM_SINGLE_COPY     1 (default): middle-sized all_gathers, gathers, broadcasts,
+//                              scatters and all_to_alls on shared memory read their peers' buffers
+//                              directly (process_vm_readv) where the kernel allows it; 0: never
 //   CHORUS_RECV_CACHE_MB       memory the torch layer keeps for reuse by large received tensors
 //                              once they are freed (default 512; 0: off). Fresh pages cost a
 //                              page fault each, which dominates receiving large objects.
@@ -35,6 +38,7 @@ struct Settings {
   std::string backend = "auto";
   size_t shm_chunk_bytes = 512 * 1024;
   std::optional<int> shm_spin_us;
+  bool shm_single_copy = true;
   int log_level = 0;
   size_t recv_cache_bytes = size_t(512) << 20;
 };
