@@ -1,11 +1,17 @@
-/* Open MPI's collectives timed one call at a time, for bench/compare.py --load: rank 0's median and
-   95th percentile per op and size, with chorus-bench's iteration counts, percentile rule and
-   barriers before and after each call (../shared/anchors/mpi_bench.c prints medians only).
-   Build: mpicc -O2 mpi_tail.c -o mpi_tail; run: mpirun -np N mpi_tail
+/* Open MPI's collectives timed one call at a time, for bench/compare.py: rank 0's median and 95th
+   percentile per op and size, with chorus-bench's iteration counts, percentile rule and barriers
+   before and after each call (../shared/anchors/mpi_bench.c prints medians only).
+   With --fresh, each rank writes its input before every call, as chorus-bench does (and a
+   broadcast's receivers overwrite their buffer): a training step's tensors are always new. The
+   anchor never writes its buffers again, so from the second call on a peer's data is already in
+   the reader's cache, and Open MPI's single copy (it reads the peer's buffer through the kernel)
+   moves nothing between cores.
+   Build: mpicc -O2 mpi_tail.c -o mpi_tail; run: mpirun -np N mpi_tail [--fresh]
    Prints: op bytes median_us p95_us */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static int by_value(const void* a, const void* b) {
   double x = *(const double*)a, y = *(const double*)b;
@@ -21,11 +27,21 @@ static double at_fraction(double* v, int n, double f) {
 enum { kAllReduce, kAllGather, kBroadcast };
 static const char* const kNames[] = {"all_reduce", "all_gather", "broadcast"};
 
+/* chorus-bench's fill: new values in the input every call; a broadcast's receivers wipe theirs. */
+static void write_input(int op, int rank, int call, float* x, long count) {
+  if (op == kBroadcast && rank != 0) {
+    memset(x, 0xff, (size_t)count * 4);
+    return;
+  }
+  for (long k = 0; k < count; k++) x[k] = (float)(rank + call + k % 7);
+}
+
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   int rank, world;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
+  const int fresh = argc > 1 && strcmp(argv[1], "--fresh") == 0;
   const long sizes[] = {8, 1024, 65536, 1 << 20, 16 << 20, 64 << 20};
   double times[200];
   if (rank == 0) printf("op bytes median_us p95_us\n");
@@ -35,6 +51,7 @@ int main(int argc, char** argv) {
     const int iters = bytes <= 65536 ? 200 : bytes <= (1 << 20) ? 50 : 10;
     for (int op = kAllReduce; op <= kBroadcast; op++) {
       for (int i = -3; i < iters; i++) {  // 3 untimed
+        if (fresh) write_input(op, rank, i, x, count);
         MPI_Barrier(MPI_COMM_WORLD);
         double t = MPI_Wtime();
         if (op == kAllReduce) MPI_Allreduce(x, y, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
