@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
       const double t0 = now_us();
       memcpy(b, a, bytes);
       sh->took[r][p] = now_us() - t0;
-      a[r] ^= b[bytes - 1 - r];  /* keeps the copy from being optimised away */
+      a[r] ^= b[bytes - 1 - r]; /* keeps the copy from being optimised away */
     }
     _exit(0);
   }

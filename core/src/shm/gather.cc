@@ -42,21 +42,19 @@ bool all_gather_direct(ShmGroup& g, const Call& c, const std::vector<size_t>& di
   return true;
 }
 
-// Note [Single-copy collectives]: each receiving rank reads every peer's block from the peer's
-// input, starting with the next rank's, so the ranks spread over their peers. False (after the
-// phases) sends every rank down the staged path.
+// Note [Single-copy collectives]: each rank reads every peer's block from the peer's input,
+// starting with the next rank's, so the ranks spread over their peers. False (after the phases)
+// sends every rank down the staged path.
 template <class Block>
-bool gather_single_copy(ShmGroup& g, const Call& c, bool gets, const std::vector<size_t>& displ, Block&& block) {
+bool all_gather_single_copy(ShmGroup& g, const Call& c, const std::vector<size_t>& displ, Block&& block) {
   const int world = g.world(), me = g.rank();
   const size_t es = element_size(c.dtype);
   PeerSources from;
   if (!from.exchange(g, c.in)) return false;
-  if (gets) {
-    move_bytes(block(me), c.in, (displ[size_t(me) + 1] - displ[size_t(me)]) * es);
-    for (int k = 1; k < world; ++k) {
-      const int p = (me + k) % world;
-      from.read(p, 0, block(p), (displ[size_t(p) + 1] - displ[size_t(p)]) * es);
-    }
+  move_bytes(block(me), c.in, (displ[size_t(me) + 1] - displ[size_t(me)]) * es);
+  for (int k = 1; k < world; ++k) {
+    const int p = (me + k) % world;
+    from.read(p, 0, block(p), (displ[size_t(p) + 1] - displ[size_t(p)]) * es);
   }
   return from.finish(g);
 }
@@ -87,7 +85,7 @@ void gather(ShmGroup& g, const Call& c) {
   const bool all_gather = c.kind == OpKind::AllGather || c.kind == OpKind::AllGatherV;
   if (all_gather && c.outs.empty() && !tiny && g.symmetric_made() != 0 && all_gather_direct(g, c, displ, stream))
     return;
-  if (!tiny && g.single_copy(c.kind, most * es) && gather_single_copy(g, c, gets, displ, block)) return;
+  if (all_gather && g.single_copy(c.kind, most * es) && all_gather_single_copy(g, c, displ, block)) return;
   if (gets && !in_place && tiny) move_bytes(own, in, mine * es);
 
   const size_t chunk = tiny ? most : g.slot_bytes() / es;

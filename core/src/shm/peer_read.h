@@ -55,8 +55,8 @@ SingleCopyWindow single_copy_window(OpKind kind, int world, int cores);
 // One single-copy call's view of its peers' source buffers (Note [Single-copy collectives]).
 class PeerSources {
  public:
-  // Phase 1 (a sync): publishes `mine` (null when this rank's buffer is read by nobody). True
-  // when every rank can read its peers; false sends every rank down the staged path.
+  // Phase 1 (a sync): publishes `mine`, this rank's buffer that its peers read. True when every
+  // rank can read its peers; false sends every rank down the staged path.
   bool exchange(ShmGroup& g, const void* mine);
   // Reads n bytes at `offset` in rank p's published buffer into dst; a failure is kept for finish().
   void read(int p, size_t offset, void* dst, size_t n);

@@ -9,9 +9,9 @@
 //   CHORUS_SHM_SPIN_US         microseconds a shared-memory wait spins before it yields
 //                              (default 50; 1 when ranks outnumber cores); never while the
 //                              awaited rank last ran on the waiter's CPU
-//   CHORUS_SHM_SINGLE_COPY     1 (default): middle-sized all_gathers, gathers, broadcasts,
-//                              scatters and all_to_alls on shared memory read their peers' buffers
-//                              directly (process_vm_readv) where the kernel allows it; 0: never
+//   CHORUS_SHM_SINGLE_COPY     1 (default): a middle-sized all_gather on shared memory, with a
+//                              core for every rank, reads its peers' inputs directly
+//                              (process_vm_readv) where the kernel allows it; 0: never
 //   CHORUS_RECV_CACHE_MB       memory the torch layer keeps for reuse by large received tensors
 //                              once they are freed (default 512; 0: off). Fresh pages cost a
 //                              page fault each, which dominates receiving large objects.
