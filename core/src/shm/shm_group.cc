@@ -69,8 +69,15 @@ void ShmGroup::start(const Call& call) {
 void ShmGroup::post() {
   RankControl& me = seg_.ctrl(rank_);
   const uint32_t target = ++phase_;
-  me.cpu.store(sched_getcpu(), std::memory_order_relaxed);
   me.calls[call_ & 1].phase.store(target, std::memory_order_release);  // Note [One line per call]
+  // Note [Publish the phase first]: a waiting peer reads this rank's control line (cpu, to decide
+  // whether to spin), so a store to that line must first take the line back from the peer, and
+  // x86 makes stores visible in program order. A cpu store ahead of the phase store delayed every
+  // release of a waiting peer by that extra line transfer (W=2 here: barrier 0.42 -> 0.33 us,
+  // 8-byte all_reduce 0.42 -> 0.35 once moved). So the phase goes first, cpu is written only when
+  // it changed, and seq (the futex word, in the control line) last.
+  const int32_t cpu = sched_getcpu();
+  if (me.cpu.load(std::memory_order_relaxed) != cpu) me.cpu.store(cpu, std::memory_order_relaxed);
   shm::post(me.seq, me.waiters, target);
 }
 
