@@ -54,9 +54,9 @@ bool all_gather_single_copy(ShmGroup& g, const Call& c, const std::vector<size_t
   move_bytes(block(me), c.in, (displ[size_t(me) + 1] - displ[size_t(me)]) * es);
   for (int k = 1; k < world; ++k) {
     const int p = (me + k) % world;
-    from.read(p, 0, block(p), (displ[size_t(p) + 1] - displ[size_t(p)]) * es);
+    from.read(p, block(p), (displ[size_t(p) + 1] - displ[size_t(p)]) * es);
   }
-  return from.finish(g);
+  return from.finish();
 }
 }  // namespace
 

@@ -52,17 +52,17 @@ bool PeerSources::exchange(ShmGroup& g, const void* mine) {
   return everyone;
 }
 
-void PeerSources::read(int p, size_t offset, void* dst, size_t n) {
+void PeerSources::read(int p, void* dst, size_t n) {
   if (n == 0 || !ok_) return;  // after a failure the call runs again through the slots
-  ok_ = read_peer(g_->pid_of(p), reinterpret_cast<const uint8_t*>(peers_[size_t(p)].address) + offset, dst, n);
+  ok_ = read_peer(g_->pid_of(p), reinterpret_cast<const void*>(peers_[size_t(p)].address), dst, n);
 }
 
-bool PeerSources::finish(ShmGroup& g) {
-  reinterpret_cast<Published*>(g.write_slot())->reads_ok = ok_;
-  g.sync();
-  for (int p = 0; p < g.world(); ++p)
-    if (!reinterpret_cast<const Published*>(g.read_slot(p))->reads_ok) {
-      g.stop_single_copy();
+bool PeerSources::finish() {
+  reinterpret_cast<Published*>(g_->write_slot())->reads_ok = ok_;
+  g_->sync();
+  for (int p = 0; p < g_->world(); ++p)
+    if (!reinterpret_cast<const Published*>(g_->read_slot(p))->reads_ok) {
+      g_->stop_single_copy();
       return false;
     }
   return true;

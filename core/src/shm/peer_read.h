@@ -58,11 +58,11 @@ class PeerSources {
   // Phase 1 (a sync): publishes `mine`, this rank's buffer that its peers read. True when every
   // rank can read its peers; false sends every rank down the staged path.
   bool exchange(ShmGroup& g, const void* mine);
-  // Reads n bytes at `offset` in rank p's published buffer into dst; a failure is kept for finish().
-  void read(int p, size_t offset, void* dst, size_t n);
-  // Phase 2 (a sync). True when every rank's reads worked; false sends every rank down the staged
-  // path and turns single copies off for the group.
-  bool finish(ShmGroup& g);
+  // Reads the first n bytes of rank p's published buffer into dst; a failure is kept for finish().
+  void read(int p, void* dst, size_t n);
+  // Phase 2 (a sync on exchange()'s group). True when every rank's reads worked; false sends every
+  // rank down the staged path and turns single copies off for the group.
+  bool finish();
 
  private:
   struct Published {
