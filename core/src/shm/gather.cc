@@ -66,45 +66,48 @@ void gather(ShmGroup& g, const Call& c) {
   const bool gets = c.kind == OpKind::AllGather || c.kind == OpKind::AllGatherV || me == c.root;
   const size_t es = element_size(c.dtype);
   auto count_of = [&](int p) { return uneven ? size_t(c.counts[size_t(p)]) : size_t(c.count); };
-  std::vector<size_t> displ(size_t(world) + 1, 0);
-  size_t most = 0;
-  for (int p = 0; p < world; ++p) {
-    displ[size_t(p) + 1] = displ[size_t(p)] + count_of(p);
-    most = std::max(most, count_of(p));
-  }
   const auto* in = static_cast<const uint8_t*>(c.in);
-  // Where rank p's block goes: its place in out, or its own buffer (all_gather_to).
-  auto block = [&](int p) {
-    return c.outs.empty() ? static_cast<uint8_t*>(c.out) + displ[size_t(p)] * es : static_cast<uint8_t*>(c.outs[p]);
-  };
+  auto* out = static_cast<uint8_t*>(c.out);
+  size_t most = 0;
+  for (int p = 0; p < world; ++p) most = std::max(most, count_of(p));
   const size_t mine = count_of(me);
-  uint8_t* own = gets ? block(me) : nullptr;
-  const bool in_place = own == in;
-  const bool tiny = most * es <= kInlineBytes;
+  if (most * es <= kInlineBytes) {  // every block rides in its rank's call line: one phase
+    copy_bytes(g.my_inline(), in, mine * es);
+    g.sync();
+    if (!gets) return;
+    uint8_t* place = out;  // where the next block goes in out
+    for (int p = 0; p < world; ++p) {
+      const size_t n = count_of(p) * es;
+      move_bytes(c.outs.empty() ? place : static_cast<uint8_t*>(c.outs[size_t(p)]), p == me ? in : g.inline_of(p), n);
+      place += n;
+    }
+    return;
+  }
+  std::vector<size_t> displ(size_t(world) + 1, 0);
+  for (int p = 0; p < world; ++p) displ[size_t(p) + 1] = displ[size_t(p)] + count_of(p);
+  // Where rank p's block goes: its place in out, or its own buffer (all_gather_to).
+  auto block = [&](int p) { return c.outs.empty() ? out + displ[size_t(p)] * es : static_cast<uint8_t*>(c.outs[p]); };
   const bool stream = most * es >= kStreamMinBytes;  // Note [Streaming stores]
   const bool all_gather = c.kind == OpKind::AllGather || c.kind == OpKind::AllGatherV;
-  if (all_gather && c.outs.empty() && !tiny && g.symmetric_made() != 0 && all_gather_direct(g, c, displ, stream))
-    return;
+  if (all_gather && c.outs.empty() && g.symmetric_made() != 0 && all_gather_direct(g, c, displ, stream)) return;
   if (all_gather && g.single_copy(c.kind, most * es) && all_gather_single_copy(g, c, displ, block)) return;
-  if (gets && !in_place && tiny) move_bytes(own, in, mine * es);
 
-  const size_t chunk = tiny ? most : g.slot_bytes() / es;
+  uint8_t* own = gets ? block(me) : nullptr;
+  const bool in_place = own == in;
+  const size_t chunk = g.slot_bytes() / es;
   const size_t rounds = std::max<size_t>(1, rounds_for(most, std::max<size_t>(chunk, 1)));
   for (size_t k = 0; k < rounds; ++k) {
     const size_t n = in_round(mine, chunk, k);
-    uint8_t* slot = tiny ? g.my_inline() : g.write_slot();
+    uint8_t* slot = g.write_slot();
     copy_bytes(slot, in + k * chunk * es, n * es);
     g.post();
     // The own block goes out from the slot while it is in cache (the input is read once), and
     // while the peers still fill theirs.
-    if (gets && !in_place && !tiny) copy_out(own + k * chunk * es, slot, n * es, stream);
+    if (gets && !in_place) copy_out(own + k * chunk * es, slot, n * es, stream);
     g.wait();
     if (!gets) continue;
-    for (int p = 0; p < world; ++p) {
-      if (p == me) continue;
-      const uint8_t* src = tiny ? g.inline_of(p) : g.read_slot(p);
-      copy_out(block(p) + k * chunk * es, src, in_round(count_of(p), chunk, k) * es, stream);
-    }
+    for (int p = 0; p < world; ++p)
+      if (p != me) copy_out(block(p) + k * chunk * es, g.read_slot(p), in_round(count_of(p), chunk, k) * es, stream);
   }
 }
 
