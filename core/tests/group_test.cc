@@ -12,6 +12,7 @@
 
 #include "multiprocess.h"
 #include "shm/peer_read.h"
+#include "shm/shm_group.h"
 
 namespace chorus::test {
 namespace {
@@ -120,6 +121,32 @@ TEST(ShmGroups, ReadingAPeerFailsCleanlyWhereTheKernelSaysNo) {
   EXPECT_EQ(got, word);
   EXPECT_FALSE(shm::read_peer(getpid(), nullptr, &got, sizeof got));  // not mapped
   EXPECT_FALSE(shm::read_peer(-1, &word, &got, sizeof got));          // no such process
+}
+
+// Note [Owed waits]: a rank that reads nothing after its call's last phase posts it and leaves;
+// its next call waits for that phase before anything else, and names a peer that failed in the
+// call the wait was owed for.
+TEST(ShmGroups, AnOwedWaitIsPaidByTheNextCallAndNamesWhoFailedInTheLast) {
+  expect_all_ok(run_ranks(2, [](RankContext& ctx) {
+    BackendOptions options;
+    options.group_name = "owed";
+    options.deadline = Clock::now() + 30s;
+    shm::ShmGroup g(*ctx.store, ctx.rank, ctx.world, options);
+    auto call = [](OpKind kind) {
+      Call c{.kind = kind, .dtype = DataType::Float32, .count = 1000};
+      c.start = Clock::now();
+      c.deadline = c.start + 20s;
+      return c;
+    };
+    g.start(call(OpKind::Broadcast));
+    g.sync();                   // every rank is in the call, and the calls were compared
+    if (ctx.rank == 1) return;  // leaves without posting the call's last phase
+    g.post_last();              // does not wait for rank 1
+    auto msg = RANK_EXPECT_THROW(PeerFailure, g.start(call(OpKind::Barrier)));
+    RANK_CHECK(msg.find("rank 1 left group 'owed'") != std::string::npos &&
+                   msg.find("broadcast") != std::string::npos && msg.find("call #1") != std::string::npos,
+               msg);
+  }));
 }
 
 TEST_P(Async, WorkCompletesInOrderAndReportsErrors) {

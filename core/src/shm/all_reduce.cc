@@ -108,6 +108,7 @@ void all_reduce(ShmGroup& g, const Call& c) {
         copy_bytes(slot + (b - k * per_round) * es, in + b * es, (e - b) * es);
       }
     }
+    if (k == rounds && !gets_result) return g.post_last();  // Note [Owed waits]
     g.sync();
     if (k >= 1 && gets_result)
       for (int q = 0; q < world; ++q) {  // the others' folded parts of the previous round

@@ -1,5 +1,6 @@
 // Broadcast: the root streams the message through its slot one chunk per phase; the others
-// copy each chunk out while the root already writes the next one into its other slot.
+// copy each chunk out while the root already writes the next one into its other slot. The root
+// leaves once its last chunk is in its slot (Note [Owed waits]).
 // Tiny messages ride in the root's call line.
 
 #include "shm/algorithms.h"
@@ -22,6 +23,7 @@ void broadcast(ShmGroup& g, const Call& c) {
   for (size_t k = 0; k < rounds; ++k) {
     const size_t n = in_round(bytes, chunk, k);
     if (root) copy_bytes(g.write_slot(), buf + k * chunk, n);
+    if (root && k + 1 == rounds) return g.post_last();  // Note [Owed waits]
     g.sync();
     if (!root) copy_out(buf + k * chunk, g.read_slot(c.root), n, bytes >= kStreamMinBytes);
   }

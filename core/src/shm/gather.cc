@@ -100,6 +100,7 @@ void gather(ShmGroup& g, const Call& c) {
     const size_t n = in_round(mine, chunk, k);
     uint8_t* slot = g.write_slot();
     copy_bytes(slot, in + k * chunk * es, n * es);
+    if (!gets && k + 1 == rounds) return g.post_last();  // Note [Owed waits]
     g.post();
     // The own block goes out from the slot while it is in cache (the input is read once), and
     // while the peers still fill theirs.

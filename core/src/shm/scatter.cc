@@ -21,6 +21,7 @@ void scatter(ShmGroup& g, const Call& c) {
       uint8_t* slot = g.write_slot();
       for (int q = 0; q < world; ++q)
         if (q != me) copy_bytes(slot + size_t(q) * part * es, in + (size_t(q) * c.count + k * part) * es, n * es);
+      if (k + 1 == rounds) return g.post_last();  // Note [Owed waits]
     }
     g.sync();
     if (!root) copy_out(out + k * part * es, g.read_slot(c.root) + size_t(me) * part * es, n * es, stream);
