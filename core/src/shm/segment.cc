@@ -123,6 +123,7 @@ void Segment::join(Store& store, int rank, int world, Clock::time_point deadline
   ctrl(rank).mapped_at.store(reinterpret_cast<uint64_t>(base_));
   std::random_device random;
   ctrl(rank).probe_word.store(uint64_t(random()) << 32 | random());
+  ctrl(rank).fences.store(asymmetric_fences() ? 1 : 0);
   ctrl(rank).state.store(kActive);
   if (header().attached.fetch_add(1) + 1 == uint32_t(world)) shm_unlink(name.c_str());
 

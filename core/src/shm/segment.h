@@ -63,6 +63,7 @@ struct alignas(kLine) RankControl {
   std::atomic<uint32_t> state;  // RankState
   std::atomic<uint32_t> abort_kind;
   std::atomic<int32_t> abort_rank;  // the failed or missing rank the abort names
+  std::atomic<uint32_t> fences;     // 1: this process can pair light posts (Note [Light posts])
   // Note [Single-copy collectives]: where this rank maps the segment, and a random word that a
   // peer reads through this rank's pid to prove it may read this rank's memory.
   std::atomic<uint64_t> mapped_at;

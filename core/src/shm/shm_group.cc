@@ -15,6 +15,8 @@ ShmGroup::ShmGroup(Store& store, int rank, int world, const BackendOptions& opti
       policy_(SpinPolicy::for_group(world)),
       calls_(size_t(world)) {
   seg_.ctrl(rank_).cpu.store(sched_getcpu());  // else it reads 0 (CPU 0) until the first post()
+  light_posts_ = true;                         // Note [Light posts]: only if every rank can pair them
+  for (int r = 0; r < world; ++r) light_posts_ = light_posts_ && seg_.ctrl(r).fences.load() == 1;
   for (int r = 0; r < world; ++r)
     if (r != rank) watch_.watch(r, seg_.ctrl(r).pid.load());
   reads_peers_ = options.shm_single_copy && probe_peer_reads();
@@ -82,7 +84,7 @@ void ShmGroup::post() {
   // it changed, and seq (the futex word, in the control line) last.
   const int32_t cpu = sched_getcpu();
   if (me.cpu.load(std::memory_order_relaxed) != cpu) me.cpu.store(cpu, std::memory_order_relaxed);
-  shm::post(me.seq, me.waiters, target);
+  shm::post(me.seq, me.waiters, target, light_posts_);
 }
 
 void ShmGroup::post_last() {
@@ -114,6 +116,13 @@ void ShmGroup::wait() {
 }
 
 void ShmGroup::compare() {
+  // The common case first: every rank published the same descriptor (same call, kind, dtype, op,
+  // root and count, none rejected), and no counts travel with it.
+  const CallDesc& mine = seg_.ctrl(rank_).calls[call_ & 1].desc;
+  bool same = !mine.invalid && mine.ncounts == 0;
+  for (int p = 0; p < world_ && same; ++p)
+    same = std::memcmp(&seg_.ctrl(p).calls[call_ & 1].desc, &mine, sizeof(CallDesc)) == 0;
+  if (same) return;
   for (int p = 0; p < world_; ++p)
     calls_[size_t(p)] = {seg_.ctrl(p).calls[call_ & 1].desc, counts_of(p), seg_.ctrl(p).invalid_text[call_ & 1]};
   compare_calls(calls_, rank_, call_, name_);

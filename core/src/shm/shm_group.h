@@ -124,6 +124,7 @@ class ShmGroup {
   PeerWatch watch_;
   uint32_t phase_ = 0;           // last phase this rank posted
   uint64_t call_ = 0;            // index of the current call
+  bool light_posts_ = false;     // Note [Light posts]
   bool owed_ = false;            // the last call's last wait is still to be done (Note [Owed waits])
   bool compared_ = true;         // the current call's descriptors were compared
   std::vector<RankCall> calls_;  // compare()'s view of every rank's call, kept between calls

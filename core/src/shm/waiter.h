@@ -25,6 +25,19 @@
 // step at W=4 on 2 cores, whose collectives wait on peers still in their backward pass, exposed
 // 55-62 ms of communication with 2 ms of yielding and 37-41 ms with 100 us; chorus-bench's
 // collectives alone did not change beyond noise.
+//
+// Note [Light posts]: a sleeper and a poster meet like Dekker's pair: the sleeper counts itself
+// in `waiters` and then reads the word, the poster writes the word and then reads `waiters`, and
+// each needs its write seen before its read, or the poster wakes nobody while the sleeper sleeps
+// on a word that has changed (until its futex times out, 20 ms). The sleeper's side is rare (after
+// 100 us of yielding at least), the poster's is every phase of every call, and the fence a
+// seq_cst store makes it pay waits for its line to come back from the peer that reads it: 50-60 ns
+// of every small call at W=2 here (barrier 0.36 -> 0.30 us without it). So where the kernel offers
+// membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED) to every rank of a group, the posters store and read
+// without a fence, and a sleeper, after counting itself in, forces a full barrier on every CPU
+// running a registered process: either the poster's word is visible to the sleeper's read after
+// it, or the poster's read of `waiters` comes after it and sees the sleeper. A group where some rank
+// cannot register (an old kernel, a seccomp filter) keeps the fenced store everywhere.
 #pragma once
 
 #include <sched.h>
@@ -41,8 +54,21 @@ namespace chorus::shm {
 void futex_wait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::microseconds timeout);
 void futex_wake_all(std::atomic<uint32_t>* word);
 
-// Publishes value in word and wakes sleepers (Note [Waiting with more ranks than cores]).
-inline void post(std::atomic<uint32_t>& word, std::atomic<uint32_t>& waiters, uint32_t value) {
+// Registers this process for membarrier's global expedited barrier, once; whether it can take
+// part in light posts (Note [Light posts]).
+bool asymmetric_fences();
+// After a sleeper counted itself in: the barrier light posts pair with (Note [Light posts]).
+void sleeper_fence();
+
+// Publishes value in word and wakes sleepers (Note [Waiting with more ranks than cores]). `light`
+// only where every process that may sleep on word has asymmetric_fences() (Note [Light posts]).
+inline void post(std::atomic<uint32_t>& word, std::atomic<uint32_t>& waiters, uint32_t value, bool light = false) {
+  if (light) {
+    word.store(value, std::memory_order_release);
+    std::atomic_signal_fence(std::memory_order_seq_cst);  // the compiler keeps the read after the store
+    if (waiters.load(std::memory_order_relaxed) != 0) futex_wake_all(&word);
+    return;
+  }
   word.store(value, std::memory_order_seq_cst);
   if (waiters.load(std::memory_order_seq_cst) != 0) futex_wake_all(&word);
 }
@@ -102,6 +128,7 @@ void wait_until(Ready&& ready, std::atomic<uint32_t>& word, std::atomic<uint32_t
   while (true) {
     uint32_t seen = word.load(std::memory_order_seq_cst);
     waiters.fetch_add(1, std::memory_order_seq_cst);
+    sleeper_fence();
     if (ready()) {
       waiters.fetch_sub(1, std::memory_order_seq_cst);
       return;
