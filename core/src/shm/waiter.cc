@@ -23,18 +23,25 @@ void futex_wake_all(std::atomic<uint32_t>* word) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
 }
 
-bool asymmetric_fences() {
-  static const bool registered = [] {
+namespace {
+bool global_barriers() {  // whether this kernel offers MEMBARRIER_CMD_GLOBAL_EXPEDITED
+  static const bool offered = [] {
     const long commands = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
-    return commands > 0 && (commands & MEMBARRIER_CMD_GLOBAL_EXPEDITED) != 0 &&
-           syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED, 0, 0) == 0;
+    return commands > 0 && (commands & MEMBARRIER_CMD_GLOBAL_EXPEDITED) != 0;
   }();
-  return registered;
+  return offered;
+}
+}  // namespace
+
+bool asymmetric_fences() {
+  // Registered again for every group: registration belongs to the address space, and a child
+  // forked after a group was made has a new one.
+  return global_barriers() && syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED, 0, 0) == 0;
 }
 
 void sleeper_fence() {
-  // Without registration no group of this process posts lightly: the seq_cst count is the fence.
-  if (asymmetric_fences()) syscall(SYS_membarrier, MEMBARRIER_CMD_GLOBAL_EXPEDITED, 0, 0);
+  // Where the kernel has no such barrier, no group posts lightly: the seq_cst count is the fence.
+  if (global_barriers()) syscall(SYS_membarrier, MEMBARRIER_CMD_GLOBAL_EXPEDITED, 0, 0);
 }
 
 int usable_cores() {

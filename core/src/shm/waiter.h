@@ -54,8 +54,8 @@ namespace chorus::shm {
 void futex_wait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::microseconds timeout);
 void futex_wake_all(std::atomic<uint32_t>* word);
 
-// Registers this process for membarrier's global expedited barrier, once; whether it can take
-// part in light posts (Note [Light posts]).
+// Registers this process for membarrier's global expedited barrier; whether it can take part in
+// light posts (Note [Light posts]).
 bool asymmetric_fences();
 // After a sleeper counted itself in: the barrier light posts pair with (Note [Light posts]).
 void sleeper_fence();
