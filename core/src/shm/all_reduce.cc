@@ -79,8 +79,8 @@ void all_reduce(ShmGroup& g, const Call& c) {
   if (bytes <= kInlineBytes || (bytes * size_t(world) <= kOneShotTotalBytes && bytes <= g.slot_bytes())) {
     const bool tiny = bytes <= kInlineBytes;
     copy_bytes(tiny ? g.my_inline() : g.write_slot(), in, bytes);
+    if (!gets_result) return g.post_last();  // Note [Owed waits]
     g.sync();
-    if (!gets_result) return;
     for (int p = 0; p < world; ++p) srcs[size_t(p)] = tiny ? g.inline_of(p) : g.read_slot(p);
     reduce::reduce(c.dtype, c.op, srcs.data(), world, out, c.count);
     return;

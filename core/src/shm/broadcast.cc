@@ -13,9 +13,12 @@ void broadcast(ShmGroup& g, const Call& c) {
   const size_t bytes = c.count * element_size(c.dtype);
   auto* buf = static_cast<uint8_t*>(c.out);
   if (bytes <= kInlineBytes) {
-    if (root) copy_bytes(g.my_inline(), buf, bytes);
+    if (root) {
+      copy_bytes(g.my_inline(), buf, bytes);
+      return g.post_last();  // Note [Owed waits]
+    }
     g.sync();
-    if (!root) copy_bytes(buf, g.inline_of(c.root), bytes);
+    copy_bytes(buf, g.inline_of(c.root), bytes);
     return;
   }
   const size_t chunk = g.slot_bytes();

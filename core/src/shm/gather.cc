@@ -73,8 +73,8 @@ void gather(ShmGroup& g, const Call& c) {
   const size_t mine = count_of(me);
   if (most * es <= kInlineBytes) {  // every block rides in its rank's call line: one phase
     copy_bytes(g.my_inline(), in, mine * es);
+    if (!gets) return g.post_last();  // Note [Owed waits]
     g.sync();
-    if (!gets) return;
     uint8_t* place = out;  // where the next block goes in out
     for (int p = 0; p < world; ++p) {
       const size_t n = count_of(p) * es;

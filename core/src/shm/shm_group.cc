@@ -49,26 +49,33 @@ std::string ShmGroup::current() {
 std::string ShmGroup::call_name() { return detail::concat(current(), " (call #", call_, ")"); }
 
 void ShmGroup::start(const Call& call) {
-  if (owed_) {  // Note [Owed waits]: the last call's, named as its own if a peer failed in it
+  std::string refused;  // why this call is refused on every rank: the last one was
+  if (owed_) {          // Note [Owed waits]: the last call's, named as its own if a peer failed in it
     owed_ = false;
-    wait();
+    try {
+      wait();  // compares the last call if it had a single phase
+    } catch (const InvalidArgument& e) {
+      refused = detail::concat("call #", call_, ", which rank ", rank_, " had left early, was rejected: ", e.what());
+    }
   }
   ++call_;
   RankControl& me = seg_.ctrl(rank_);
-  const CallDesc d = make_desc(call, call_);
+  const std::string& invalid = refused.empty() ? call.invalid : refused;
+  CallDesc d = make_desc(call, call_);
+  d.invalid = invalid.empty() ? 0 : 1;
   if (has_counts(call.kind)) {
     uint64_t* counts = seg_.counts(rank_, call_);
     std::copy(call.counts.begin(), call.counts.end(), counts);
     std::copy(call.recv_counts.begin(), call.recv_counts.end(), counts + world_);
   }
-  if (d.invalid) put_text(me.invalid_text[call_ & 1], call.invalid);
+  if (d.invalid) put_text(me.invalid_text[call_ & 1], invalid);
   me.calls[call_ & 1].desc = d;
   compared_ = false;
   started_ = call.start;
   deadline_ = call.deadline;
   if (d.invalid) {
     sync();  // raises InvalidArgument here and on every other rank
-    throw InvalidArgument(call.invalid);
+    throw InvalidArgument(invalid);
   }
 }
 
@@ -88,7 +95,6 @@ void ShmGroup::post() {
 }
 
 void ShmGroup::post_last() {
-  if (!compared_) return sync();
   post();
   owed_ = true;
 }
