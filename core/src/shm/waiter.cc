@@ -53,7 +53,7 @@ int usable_cores() {
 SpinPolicy SpinPolicy::for_group(int size) {
   SpinPolicy p;
   const bool oversubscribed = size > usable_cores();
-  p.spin_for = std::chrono::microseconds(settings().shm_spin_us.value_or(oversubscribed ? 1 : 50));
+  p.spin_for = std::chrono::microseconds(settings().shm_spin_us.value_or(oversubscribed ? 0 : 50));
   if (oversubscribed) p.yield_for = std::chrono::microseconds(100);
   return p;
 }

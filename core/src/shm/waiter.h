@@ -19,9 +19,13 @@
 // 0.2 ms, and left the CPU-bound process less of a core). After the spin a rank whose peer is
 // merely late loses little by yielding: sched_yield on an otherwise idle core returns at once,
 // and the wait keeps polling between yields.
-// When oversubscribed the spin is 1 us, and the yielding short too (100 us, enough to hand the
-// core to a peer that is runnable on it): a thread in sched_yield stays runnable, and Linux's
-// fair scheduler still gives it its share of a core, taken from the ranks that compute. A DDP
+// When oversubscribed a wait does not spin at all: the awaited rank, on any core, is as likely
+// to be waiting for its turn on that core as running, and then every spin is lost. In a barrier at
+// W=4 on 2 cores each core hands over once per barrier; a 1 us spin before yielding made the mean
+// barrier 2.7-3.0 us, no spin 1.8-2.1 (Open MPI's, same runs: 2.6-2.7). The yielding is short
+// too (100 us, enough to hand the core to a peer that is runnable on it): a thread in sched_yield
+// stays runnable, and Linux's fair scheduler still gives it its share of a core, taken from the
+// ranks that compute. A DDP
 // step at W=4 on 2 cores, whose collectives wait on peers still in their backward pass, exposed
 // 55-62 ms of communication with 2 ms of yielding and 37-41 ms with 100 us; chorus-bench's
 // collectives alone did not change beyond noise.

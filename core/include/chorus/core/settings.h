@@ -7,7 +7,7 @@
 //                              value holds for the whole group); small
 //                              values force the multi-chunk paths
 //   CHORUS_SHM_SPIN_US         microseconds a shared-memory wait spins before it yields
-//                              (default 50; 1 when ranks outnumber cores); never while the
+//                              (default 50; 0 when ranks outnumber cores); never while the
 //                              awaited rank last ran on the waiter's CPU
 //   CHORUS_SHM_SINGLE_COPY     1 (default): a middle-sized all_gather on shared memory, with a
 //                              core for every rank, reads its peers' inputs directly
