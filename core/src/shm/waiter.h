@@ -25,10 +25,9 @@
 // barrier 2.7-3.0 us, no spin 1.8-2.1 (Open MPI's, same runs: 2.6-2.7). The yielding is short
 // too (100 us, enough to hand the core to a peer that is runnable on it): a thread in sched_yield
 // stays runnable, and Linux's fair scheduler still gives it its share of a core, taken from the
-// ranks that compute. A DDP
-// step at W=4 on 2 cores, whose collectives wait on peers still in their backward pass, exposed
-// 55-62 ms of communication with 2 ms of yielding and 37-41 ms with 100 us; chorus-bench's
-// collectives alone did not change beyond noise.
+// ranks that compute. A DDP step at W=4 on 2 cores, whose collectives wait on peers still in
+// their backward pass, exposed 55-62 ms of communication with 2 ms of yielding and 37-41 ms with
+// 100 us; chorus-bench's collectives alone did not change beyond noise.
 //
 // Note [Light posts]: a sleeper and a poster meet like Dekker's pair: the sleeper counts itself
 // in `waiters` and then reads the word, the poster writes the word and then reads `waiters`, and
