@@ -22,7 +22,12 @@
 // When oversubscribed a wait does not spin at all: the awaited rank, on any core, is as likely
 // to be waiting for its turn on that core as running, and then every spin is lost. In a barrier at
 // W=4 on 2 cores each core hands over once per barrier; a 1 us spin before yielding made the mean
-// barrier 2.7-3.0 us, no spin 1.8-2.1 (Open MPI's, same runs: 2.6-2.7). The yielding is short
+// barrier 2.7-3.0 us, no spin 1.8-2.1 (Open MPI's, same runs: 2.6-2.7). "Not at all" means not
+// one round of pauses either: a wait that cannot spin yields as soon as its first reads miss
+// (the rank it waits for may be the one that needs this core). Zen 5 VM, W=4 on 2 cores, rank 0's
+// median of 20,000 calls, 4 interleaved runs with and without one round of 16 pauses: barrier
+// 4.2-6.4 -> 3.3-3.6 us, 8-byte all_reduce 4.3-4.9 -> 3.5-3.6. Four later runs beside Open MPI's
+// (bench/mpi_tail.c): barrier 2.9-4.5 against 3.0-4.9, 8-byte all_reduce 3.0-3.5 against 3.4-7.4. The yielding is short
 // too (100 us, enough to hand the core to a peer that is runnable on it): a thread in sched_yield
 // stays runnable, and Linux's fair scheduler still gives it its share of a core, taken from the
 // ranks that compute. A DDP step at W=4 on 2 cores, whose collectives wait on peers still in
@@ -107,13 +112,15 @@ void wait_until(Ready&& ready, std::atomic<uint32_t>& word, std::atomic<uint32_t
                 bool spin, Check&& check) {
   for (int i = 0; i < 64; ++i)  // the first rounds react at once
     if (ready()) return;
-  const auto spin_until = Clock::now() + (spin ? policy.spin_for : Clock::duration::zero());
-  do {
-    for (int i = 0; i < 16; ++i) {  // then go easy on the sibling
-      if (ready()) return;
-      cpu_relax();
-    }
-  } while (Clock::now() < spin_until);
+  if (spin && policy.spin_for > Clock::duration::zero()) {
+    const auto spin_until = Clock::now() + policy.spin_for;
+    do {
+      for (int i = 0; i < 16; ++i) {  // then go easy on the sibling
+        if (ready()) return;
+        cpu_relax();
+      }
+    } while (Clock::now() < spin_until);
+  }
   const auto yield_until = Clock::now() + policy.yield_for;
   auto next_check = Clock::now() + std::chrono::milliseconds(1);
   while (true) {
