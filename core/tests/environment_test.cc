@@ -170,8 +170,9 @@ TEST(Settings, ParsesAndRejects) {
   EXPECT_EQ(s.shm_chunk_bytes, 4096u);
   EXPECT_THROW(read_settings(EnvMap{{"CHORUS_TIMEOUT_MS", "soon"}}), InvalidArgument);
   EXPECT_THROW(read_settings(EnvMap{{"CHORUS_SHM_CHUNK_BYTES", "8"}}), InvalidArgument);
-  EXPECT_TRUE(read_settings(EnvMap{}).shm_single_copy);
-  EXPECT_FALSE(read_settings(EnvMap{{"CHORUS_SHM_SINGLE_COPY", "0"}}).shm_single_copy);
+  EXPECT_EQ(read_settings(EnvMap{}).shm_single_copy, std::nullopt);  // where it pays
+  EXPECT_EQ(read_settings(EnvMap{{"CHORUS_SHM_SINGLE_COPY", "0"}}).shm_single_copy, false);
+  EXPECT_EQ(read_settings(EnvMap{{"CHORUS_SHM_SINGLE_COPY", "1"}}).shm_single_copy, true);
   EXPECT_THROW(read_settings(EnvMap{{"CHORUS_SHM_SINGLE_COPY", "2"}}), InvalidArgument);
 }
 

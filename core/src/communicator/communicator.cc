@@ -95,7 +95,7 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
   BackendOptions bo;
   bo.group_name = options_.name;
   bo.shm_chunk_bytes = options_.shm_chunk_bytes;
-  bo.shm_single_copy = *options_.shm_single_copy;
+  bo.shm_single_copy = options_.shm_single_copy;
   bo.deadline = deadline;
   backend_ = choose_backend(backend, elsewhere, options_.name).make(*store_, rank_, size_, bo);
   if (settings().log_level >= 1 && rank_ == 0)

@@ -16,6 +16,13 @@
 // the slots pipeline and the reads do not, and a rank that shares its core with a peer must do
 // its peer's reads too. Where single copies win was measured (bench/compare.py) and is kept in
 // one table, single_copy_window(): today a middle-sized all_gather with a core for each rank.
+// And it depends on the machine, through the speed of the kernel's copy. On a 2-core Xeon VM the window won (W=2 all_gather of 1 MiB: 160-173 us against 211-217 through the
+// slots); on a 2-core Zen 5 VM process_vm_readv moves 9.6-10 GB/s whatever the size or page size
+// (4 KiB pages or transparent huge pages alike: 1 MiB in 103-107 us, where a memcpy takes 18) and
+// the window lost at every size (1 MiB 165-170 against 95-103, 256 KiB 32-33 against 16-24). So a
+// group tries single copies only where rank 0 says so: CHORUS_SHM_SINGLE_COPY=1 (or
+// CommunicatorOptions::shm_single_copy) on any CPU, unset on Intel CPUs only
+// (single_copy_pays_here()), and 0 never.
 //
 // Whether a peer's memory can be read is decided once per group, when it is made
 // (probe_peer_reads): the kernel may refuse (Yama's ptrace_scope, seccomp), and a pid from
@@ -38,6 +45,10 @@
 namespace chorus::shm {
 
 class ShmGroup;
+
+// Whether single copies were measured faster than the slots on this CPU (Intel) when nothing
+// says otherwise.
+bool single_copy_pays_here();
 
 // Copies n bytes at `remote` in process `pid` into `local`. False when the kernel refuses or
 // `remote` is not mapped there. Never throws.

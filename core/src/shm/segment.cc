@@ -63,7 +63,7 @@ Layout::Layout(int w, size_t slot) : world(w) {
   total = round_up(channels_offset + pairs * channel_stride, 4096);
 }
 
-Segment::Segment(Store& store, int rank, int world, size_t slot_bytes, Clock::time_point deadline,
+Segment::Segment(Store& store, int rank, int world, size_t slot_bytes, bool single_copy, Clock::time_point deadline,
                  const std::string& group_name)
     : layout_(world, slot_bytes) {
   std::string name;
@@ -90,21 +90,22 @@ Segment::Segment(Store& store, int rank, int world, size_t slot_bytes, Clock::ti
   base_ = static_cast<uint8_t*>(p);
   mapped_ = size_t(st.st_size);
   try {
-    join(store, rank, world, deadline, group_name, name);
+    join(store, rank, world, single_copy, deadline, group_name, name);
   } catch (...) {
     munmap(base_, mapped_);  // the destructor does not run for a constructor that throws
     throw;
   }
 }
 
-void Segment::join(Store& store, int rank, int world, Clock::time_point deadline, const std::string& group_name,
-                   const std::string& name) {
+void Segment::join(Store& store, int rank, int world, bool single_copy, Clock::time_point deadline,
+                   const std::string& group_name, const std::string& name) {
   if (rank == 0) {
     Header& h = header();
     h.world = uint32_t(world);
     h.slot_bytes = layout_.slot_bytes;
     h.p2p_chunk = layout_.p2p_chunk;
     h.cores = uint32_t(usable_cores());
+    h.single_copy = single_copy ? 1 : 0;
     h.magic = kMagic;
     store.set("shm_name", name);
   } else {

@@ -81,7 +81,8 @@ struct alignas(kLine) Header {
   uint64_t slot_bytes;
   uint64_t p2p_chunk;
   std::atomic<uint32_t> attached;
-  uint32_t cores;  // rank 0's usable cores, so that every rank picks the same algorithms
+  uint32_t cores;        // rank 0's usable cores, so that every rank picks the same algorithms
+  uint32_t single_copy;  // rank 0's: whether the group tries single copies (Note [Single-copy collectives])
 };
 
 struct alignas(kLine) ChannelEnd {
@@ -112,8 +113,9 @@ struct Layout {
 class Segment {
  public:
   // Collective over the group: creates or maps the segment (Note [Segment lifetime]) and waits
-  // until every rank has mapped it. Throws TimeoutError naming the ranks that never came.
-  Segment(Store& store, int rank, int world, size_t slot_bytes, Clock::time_point deadline,
+  // until every rank has mapped it. Throws TimeoutError naming the ranks that never came. Rank 0's
+  // slot_bytes and single_copy hold for the group.
+  Segment(Store& store, int rank, int world, size_t slot_bytes, bool single_copy, Clock::time_point deadline,
           const std::string& group_name);
   ~Segment();
   Segment(const Segment&) = delete;
@@ -139,8 +141,8 @@ class Segment {
 
  private:
   // After mapping: check the layout, announce this rank, wait for the others.
-  void join(Store& store, int rank, int world, Clock::time_point deadline, const std::string& group_name,
-            const std::string& name);
+  void join(Store& store, int rank, int world, bool single_copy, Clock::time_point deadline,
+            const std::string& group_name, const std::string& name);
 
   Layout layout_;
   uint8_t* base_ = nullptr;

@@ -11,7 +11,8 @@ ShmGroup::ShmGroup(Store& store, int rank, int world, const BackendOptions& opti
     : rank_(rank),
       world_(world),
       name_(options.group_name),
-      seg_(store, rank, world, options.shm_chunk_bytes, options.deadline, options.group_name),
+      seg_(store, rank, world, options.shm_chunk_bytes, options.shm_single_copy.value_or(single_copy_pays_here()),
+           options.deadline, options.group_name),
       policy_(SpinPolicy::for_group(world)),
       calls_(size_t(world)) {
   seg_.ctrl(rank_).cpu.store(sched_getcpu());  // else it reads 0 (CPU 0) until the first post()
@@ -19,7 +20,7 @@ ShmGroup::ShmGroup(Store& store, int rank, int world, const BackendOptions& opti
   for (int r = 0; r < world; ++r) light_posts_ = light_posts_ && seg_.ctrl(r).fences.load() == 1;
   for (int r = 0; r < world; ++r)
     if (r != rank) watch_.watch(r, seg_.ctrl(r).pid.load());
-  reads_peers_ = options.shm_single_copy && probe_peer_reads();
+  reads_peers_ = options.shm_single_copy.value_or(true) && probe_peer_reads();
 }
 
 bool ShmGroup::probe_peer_reads() {

@@ -102,7 +102,8 @@ class ShmGroup {
   // Single copies (Note [Single-copy collectives]). Whether a call of `kind` moving `bytes` per
   // rank should try one; the same answer on every rank.
   bool single_copy(OpKind kind, size_t bytes) {
-    return single_copy_on_ && single_copy_window(kind, world_, int(seg_.header().cores)).contains(bytes);
+    return single_copy_on_ && seg_.header().single_copy &&
+           single_copy_window(kind, world_, int(seg_.header().cores)).contains(bytes);
   }
   bool reads_peers() const { return reads_peers_; }     // this rank's verdict from the probe
   void stop_single_copy() { single_copy_on_ = false; }  // every rank calls it at the same call

@@ -51,9 +51,10 @@ struct CommunicatorOptions {
   std::chrono::milliseconds timeout = std::chrono::minutes(30);  // default deadline of each call
   std::string name = "world";                                    // appears in every message about this group
   size_t shm_chunk_bytes = 0;                                    // 0: CHORUS_SHM_CHUNK_BYTES or its default
-  // Whether shared memory may read this rank's peers' buffers directly where that is faster
-  // (process_vm_readv); nullopt: CHORUS_SHM_SINGLE_COPY (default yes). A "no" on any rank holds
-  // for the whole group.
+  // Whether shared memory may read this rank's peers' buffers directly (process_vm_readv) for the
+  // message sizes where that is faster; nullopt: CHORUS_SHM_SINGLE_COPY, and if that is unset,
+  // only on CPUs where it was measured faster. A "no" on any rank holds for the whole group; rank
+  // 0's "yes" or "no" decides whether the group tries at all.
   std::optional<bool> shm_single_copy;
 };
 

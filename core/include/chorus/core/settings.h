@@ -9,9 +9,10 @@
 //   CHORUS_SHM_SPIN_US         microseconds a shared-memory wait spins before it yields
 //                              (default 50; 0 when ranks outnumber cores); never while the
 //                              awaited rank last ran on the waiter's CPU
-//   CHORUS_SHM_SINGLE_COPY     1 (default): a middle-sized all_gather on shared memory, with a
-//                              core for every rank, reads its peers' inputs directly
-//                              (process_vm_readv) where the kernel allows it; 0: never
+//   CHORUS_SHM_SINGLE_COPY     1: a middle-sized all_gather on shared memory, with a core for
+//                              every rank, reads its peers' inputs directly (process_vm_readv)
+//                              where the kernel allows it; 0: never; unset: only on CPUs where
+//                              that was measured faster than the slots (Intel)
 //   CHORUS_RECV_CACHE_MB       memory the torch layer keeps for reuse by large received tensors
 //                              once they are freed (default 512; 0: off). Fresh pages cost a
 //                              page fault each, which dominates receiving large objects.
@@ -38,7 +39,7 @@ struct Settings {
   std::string backend = "auto";
   size_t shm_chunk_bytes = 512 * 1024;
   std::optional<int> shm_spin_us;
-  bool shm_single_copy = true;
+  std::optional<bool> shm_single_copy;  // nullopt: where measured faster (Note [Single-copy collectives])
   int log_level = 0;
   size_t recv_cache_bytes = size_t(512) << 20;
 };
