@@ -89,7 +89,9 @@ void gather(ShmGroup& g, const Call& c) {
   auto block = [&](int p) { return c.outs.empty() ? out + displ[size_t(p)] * es : static_cast<uint8_t*>(c.outs[p]); };
   const bool stream = most * es >= kStreamMinBytes;  // Note [Streaming stores]
   const bool all_gather = c.kind == OpKind::AllGather || c.kind == OpKind::AllGatherV;
-  if (all_gather && c.outs.empty() && g.symmetric_made() != 0 && all_gather_direct(g, c, displ, stream)) return;
+  if (all_gather && c.outs.empty() && g.symmetric_made() != 0 && displ.back() * es >= kDirectMinBytes &&
+      all_gather_direct(g, c, displ, stream))
+    return;
   if (all_gather && g.single_copy(c.kind, most * es) && all_gather_single_copy(g, c, displ, block)) return;
 
   uint8_t* own = gets ? block(me) : nullptr;

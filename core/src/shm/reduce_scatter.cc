@@ -30,7 +30,7 @@ void reduce_scatter(ShmGroup& g, const Call& c) {
   const size_t es = element_size(c.dtype);
   const auto* in = static_cast<const uint8_t*>(c.in);
   auto* out = static_cast<uint8_t*>(c.out);
-  if (c.count > 0 && g.symmetric_made() != 0 && reduce_scatter_direct(g, c)) return;
+  if (g.symmetric_made() != 0 && c.count * es * size_t(world) >= kDirectMinBytes && reduce_scatter_direct(g, c)) return;
   const size_t part = g.slot_bytes() / (size_t(world) * es);
   const size_t rounds = std::max<size_t>(1, rounds_for(c.count, part));
   auto& srcs = source_list(world);
