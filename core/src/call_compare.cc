@@ -13,23 +13,6 @@ constexpr const char* kReportLine = "\n  rank ";
 constexpr const char* kReportCall = "): ";
 }  // namespace
 
-bool has_counts(OpKind kind) {
-  return kind == OpKind::AllGatherV || kind == OpKind::GatherV || kind == OpKind::AllToAllV || kind == OpKind::Split;
-}
-
-CallDesc make_desc(const Call& call, uint64_t index) {
-  CallDesc d{};
-  d.call = uint32_t(index);
-  d.count = call.count;
-  d.root = call.root;
-  d.kind = uint8_t(call.kind);
-  d.dtype = uint8_t(call.dtype);
-  d.op = uint8_t(call.op);
-  d.invalid = call.invalid.empty() ? 0 : 1;
-  if (has_counts(call.kind)) d.ncounts = uint32_t(call.counts.size());
-  return d;
-}
-
 uint64_t fingerprint(const CallDesc& desc, const std::vector<uint64_t>& counts) {
   CallDesc d = desc;
   d.invalid = 0;

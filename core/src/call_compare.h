@@ -31,8 +31,22 @@ struct CallDesc {
 static_assert(sizeof(CallDesc) == 24);
 
 // Whether the call's counts (and AllToAllV's recv counts after them) travel with it.
-bool has_counts(OpKind kind);
-CallDesc make_desc(const Call& call, uint64_t index);
+inline bool has_counts(OpKind kind) {
+  return kind == OpKind::AllGatherV || kind == OpKind::GatherV || kind == OpKind::AllToAllV || kind == OpKind::Split;
+}
+// Every call makes one, so both are inline.
+inline CallDesc make_desc(const Call& call, uint64_t index) {
+  CallDesc d{};
+  d.call = uint32_t(index);
+  d.count = call.count;
+  d.root = call.root;
+  d.kind = uint8_t(call.kind);
+  d.dtype = uint8_t(call.dtype);
+  d.op = uint8_t(call.op);
+  d.invalid = call.invalid.empty() ? 0 : 1;
+  if (has_counts(call.kind)) d.ncounts = uint32_t(call.counts.size());
+  return d;
+}
 // The call's counts as they travel: counts, then (AllToAllV) recv_counts; 2 * world at most.
 std::vector<uint64_t> travelling_counts(const Call& call);
 // "2, 5, 7": ranks as error messages list them.
