@@ -79,8 +79,8 @@ TEST(ShmGroups, RanksWithDifferentSlotSettingsUseRankZeros) {
 }
 
 // Note [Single-copy collectives]: middle-sized all_gathers read the peers' inputs directly when
-// every rank allows it (each rank's own setting; rank 0's "yes" makes the group try, on any CPU),
-// and go through the slots, on every rank alike, as soon as one does not. Either way every form gives the same blocks, call after call.
+// every rank allows it (each rank's own setting; rank 0's "yes" makes the group try, on any
+// CPU), and go through the slots, on every rank alike, as soon as one does not. Either way every form gives the same blocks, call after call.
 TEST(ShmGroups, SingleCopyAllGathersAreRightWhateverEachRankAllows) {
   for (int refuser : {-1, 0, 1}) {
     expect_all_ok(run_ranks(2, [&](RankContext& ctx) {
@@ -118,6 +118,7 @@ TEST(ShmGroups, SingleCopyAllGathersAreRightWhateverEachRankAllows) {
 // all (the same answer on every rank, whatever theirs), and with nothing said, the CPU decides.
 TEST(ShmGroups, RankZeroDecidesWhetherAGroupTriesSingleCopies) {
   const std::optional<bool> choices[] = {std::nullopt, true, false};
+  auto said = [](const std::optional<bool>& c) { return !c ? "nothing" : *c ? "yes" : "no"; };
   for (const auto& zero : choices)
     for (const auto& one : choices) {
       expect_all_ok(run_ranks(2, [&](RankContext& ctx) {
@@ -127,8 +128,8 @@ TEST(ShmGroups, RankZeroDecidesWhetherAGroupTriesSingleCopies) {
         options.shm_single_copy = ctx.rank == 0 ? zero : one;
         shm::ShmGroup g(*ctx.store, ctx.rank, ctx.world, options);
         const bool tries = zero.value_or(shm::single_copy_pays_here()) && shm::usable_cores() >= 2;
-        RANK_CHECK(g.single_copy(OpKind::AllGather, 1 << 20) == tries, "rank 0 said ", zero.value_or(-1), ", rank 1 ",
-                   one.value_or(-1));
+        RANK_CHECK(g.single_copy(OpKind::AllGather, 1 << 20) == tries, "rank 0 said ", said(zero), ", rank 1 ",
+                   said(one));
         RANK_CHECK(!g.single_copy(OpKind::Broadcast, 1 << 20) && !g.single_copy(OpKind::AllGather, 64 << 20));
       }));
     }

@@ -16,11 +16,12 @@
 // the slots pipeline and the reads do not, and a rank that shares its core with a peer must do
 // its peer's reads too. Where single copies win was measured (bench/compare.py) and is kept in
 // one table, single_copy_window(): today a middle-sized all_gather with a core for each rank.
-// And it depends on the machine, through the speed of the kernel's copy. On a 2-core Xeon VM the window won (W=2 all_gather of 1 MiB: 160-173 us against 211-217 through the
-// slots); on a 2-core Zen 5 VM process_vm_readv moves 9.6-10 GB/s whatever the size or page size
-// (4 KiB pages or transparent huge pages alike: 1 MiB in 103-107 us, where a memcpy takes 18) and
-// the window lost at every size (1 MiB 165-170 against 95-103, 256 KiB 32-33 against 16-24). So a
-// group tries single copies only where rank 0 says so: CHORUS_SHM_SINGLE_COPY=1 (or
+// And it depends on the machine, through the speed of the kernel's copy. On a 2-core Xeon VM the
+// window won (W=2 all_gather of 1 MiB: 160-173 us against 211-217 through the slots); on a 2-core
+// Zen 5 VM process_vm_readv moves 9.6-10 GB/s whatever the size or page size (4 KiB pages or
+// transparent huge pages alike: 1 MiB in 103-107 us, where a memcpy takes 18) and the window lost
+// at every size (1 MiB 165-170 against 95-103, 256 KiB 32-33 against 16-24). So a group tries
+// single copies only where rank 0 says so: CHORUS_SHM_SINGLE_COPY=1 (or
 // CommunicatorOptions::shm_single_copy) on any CPU, unset on Intel CPUs only
 // (single_copy_pays_here()), and 0 never.
 //

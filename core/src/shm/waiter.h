@@ -19,20 +19,20 @@
 // 0.2 ms, and left the CPU-bound process less of a core). After the spin a rank whose peer is
 // merely late loses little by yielding: sched_yield on an otherwise idle core returns at once,
 // and the wait keeps polling between yields.
-// When oversubscribed a wait does not spin at all: the awaited rank, on any core, is as likely
-// to be waiting for its turn on that core as running, and then every spin is lost. In a barrier at
+// When oversubscribed a wait does not spin at all: the awaited rank, on any core, is as likely to
+// be waiting for its turn on that core as running, and then every spin is lost. In a barrier at
 // W=4 on 2 cores each core hands over once per barrier; a 1 us spin before yielding made the mean
 // barrier 2.7-3.0 us, no spin 1.8-2.1 (Open MPI's, same runs: 2.6-2.7). "Not at all" means not
-// one round of pauses either: a wait that cannot spin yields as soon as its first reads miss
-// (the rank it waits for may be the one that needs this core). Zen 5 VM, W=4 on 2 cores, rank 0's
+// one round of pauses either: a wait that cannot spin yields as soon as its first reads miss (the
+// rank it waits for may be the one that needs this core). Zen 5 VM, W=4 on 2 cores, rank 0's
 // median of 20,000 calls, 4 interleaved runs with and without one round of 16 pauses: barrier
 // 4.2-6.4 -> 3.3-3.6 us, 8-byte all_reduce 4.3-4.9 -> 3.5-3.6. Four later runs beside Open MPI's
-// (bench/mpi_tail.c): barrier 2.9-4.5 against 3.0-4.9, 8-byte all_reduce 3.0-3.5 against 3.4-7.4. The yielding is short
-// too (100 us, enough to hand the core to a peer that is runnable on it): a thread in sched_yield
-// stays runnable, and Linux's fair scheduler still gives it its share of a core, taken from the
-// ranks that compute. A DDP step at W=4 on 2 cores, whose collectives wait on peers still in
-// their backward pass, exposed 55-62 ms of communication with 2 ms of yielding and 37-41 ms with
-// 100 us; chorus-bench's collectives alone did not change beyond noise.
+// (bench/mpi_tail.c): barrier 2.9-4.5 against 3.0-4.9, 8-byte all_reduce 3.0-3.5 against 3.4-7.4.
+// The yielding is short too (100 us, enough to hand the core to a peer that is runnable on it): a
+// thread in sched_yield stays runnable, and Linux's fair scheduler still gives it its share of a
+// core, taken from the ranks that compute. A DDP step at W=4 on 2 cores, whose collectives wait
+// on peers still in their backward pass, exposed 55-62 ms of communication with 2 ms of yielding
+// and 37-41 ms with 100 us; chorus-bench's collectives alone did not change beyond noise.
 //
 // Note [Light posts]: a sleeper and a poster meet like Dekker's pair: the sleeper counts itself
 // in `waiters` and then reads the word, the poster writes the word and then reads `waiters`, and
