@@ -88,6 +88,7 @@ def main():
         m = runner.medians(table)
         raw = m["raw_all_reduce"]
         print(f"\n== W={w}, median ms over {args.repeat} run(s); ratio = exposed / raw all_reduce of the same bytes")
+
         def line(label, v, ratio=True):
             print(f"  {label:58s} {v:8.2f}" + (f"  {v / raw:5.2f}x" if ratio else ""))
 
