@@ -17,9 +17,13 @@ CMAKE_BUILD_PARALLEL_LEVEL=$jobs "$python" -m pip wheel --no-build-isolation --n
   -C build-dir="$work/build" "$root" 2>&1 | grep -v "^WARNING: Location" || true
 wheel=$(ls "$work"/dist/chorus_torch-*.whl)
 echo "built $(basename "$wheel")"
-unzip -p "$wheel" '*.dist-info/METADATA' | grep -E "^(Name|Version|Requires-Dist):"
+# Read whole before grepping: the metadata carries the README, larger than a pipe's buffer, and a
+# grep -q that stops at its match would leave unzip writing into a closed pipe (SIGPIPE, which
+# pipefail turns into a failure).
+metadata=$(unzip -p "$wheel" '*.dist-info/METADATA')
+grep -E "^(Name|Version|Requires-Dist):" <<< "$metadata"
 torch_version=$("$python" -c "import torch; print(torch.__version__.split('+')[0])")
-unzip -p "$wheel" '*.dist-info/METADATA' | grep -qx "Requires-Dist: torch==$torch_version" ||
+grep -qx "Requires-Dist: torch==$torch_version" <<< "$metadata" ||
   { echo "FAILED: the wheel does not require torch==$torch_version"; exit 1; }
 
 echo "== a fresh environment installs it"
