@@ -25,8 +25,8 @@
 // CommunicatorOptions::shm_single_copy) on any CPU, unset on Intel CPUs only
 // (single_copy_pays_here()), and 0 never.
 //
-// Whether a peer's memory can be read is decided once per group, when it is made
-// (probe_peer_reads): the kernel may refuse (Yama's ptrace_scope, seccomp), and a pid from
+// Whether a peer's memory can be read is decided once per group that tries single copies, when it
+// is made (probe_peer_reads): the kernel may refuse (Yama's ptrace_scope, seccomp), and a pid from
 // another pid namespace names some other process. Each rank reads, from every peer, the random
 // word the peer wrote into its own control block, at the address where that peer maps the
 // segment. The read succeeds, and finds the word the segment holds, only if the pid is the
