@@ -21,7 +21,8 @@ ShmGroup::ShmGroup(Store& store, int rank, int world, const BackendOptions& opti
   for (int r = 0; r < world; ++r)
     if (r != rank) watch_.watch(r, seg_.ctrl(r).pid.load());
   // Only a group that tries single copies needs to know (rank 0 decided: Note [Single-copy collectives]).
-  reads_peers_ = seg_.header().single_copy && options.shm_single_copy.value_or(true) && probe_peer_reads();
+  single_copy_on_ = seg_.header().single_copy != 0;
+  reads_peers_ = single_copy_on_ && options.shm_single_copy.value_or(true) && probe_peer_reads();
 }
 
 bool ShmGroup::probe_peer_reads() {

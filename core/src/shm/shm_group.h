@@ -102,8 +102,7 @@ class ShmGroup {
   // Single copies (Note [Single-copy collectives]). Whether a call of `kind` moving `bytes` per
   // rank should try one; the same answer on every rank.
   bool single_copy(OpKind kind, size_t bytes) {
-    return single_copy_on_ && seg_.header().single_copy &&
-           single_copy_window(kind, world_, int(seg_.header().cores)).contains(bytes);
+    return single_copy_on_ && single_copy_window(kind, world_, int(seg_.header().cores)).contains(bytes);
   }
   bool reads_peers() const { return reads_peers_; }     // this rank's verdict from the probe
   void stop_single_copy() { single_copy_on_ = false; }  // every rank calls it at the same call
@@ -138,7 +137,8 @@ class ShmGroup {
   bool compared_ = true;         // the current call's descriptors were compared
   std::vector<RankCall> calls_;  // compare()'s view of every rank's call, kept between calls
   uint32_t symmetric_made_ = 0;
-  bool reads_peers_ = false, single_copy_on_ = true;
+  bool reads_peers_ = false;
+  bool single_copy_on_ = false;  // rank 0's choice (Header::single_copy) until a call turns it off
   std::shared_ptr<SymmetricRegistry> symmetric_ = std::make_shared<SymmetricRegistry>();
   Clock::time_point started_, deadline_;
 };
