@@ -32,15 +32,15 @@ def median_time(fn, iters, warmup=2):
     return statistics.median(times)
 
 
-GRADIENT_BYTES = 50438184  # the reference MLP's parameters, f32
+def reference_mlp():
+    return nn.Sequential(nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 2048),
+                         nn.ReLU(), nn.Linear(2048, 10))
 
 
 def exposed(rank, gradient_as_bucket_view):
     """DDP's median step with sync and under no_sync (s), interleaved step by step."""
     torch.manual_seed(0)
-    model = nn.parallel.DistributedDataParallel(
-        nn.Sequential(nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 2048),
-                      nn.ReLU(), nn.Linear(2048, 10)), gradient_as_bucket_view=gradient_as_bucket_view)
+    model = nn.parallel.DistributedDataParallel(reference_mlp(), gradient_as_bucket_view=gradient_as_bucket_view)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     g = torch.Generator().manual_seed(rank)
     x, y = torch.randn(64, 2048, generator=g), torch.randint(0, 10, (64,), generator=g)
@@ -78,7 +78,7 @@ def worker(rank, world, port, backend):
     t = median_time(lambda: dist.all_gather_single(whole, big), 5)  # all_gather_into_tensor before torch 2.13
     out.append(f"all_gather_into_tensor 64 MiB per rank: {t * 1e3:.2f} ms")
 
-    grads = GRADIENT_BYTES // 4
+    grads = sum(p.numel() for p in reference_mlp().parameters())  # f32, as DDP's buckets hold them
     backend_of = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
     if backend_of.supports_tensor_alloc(torch.device("cpu")):
         bucket = backend_of.allocate_tensor(grads, dtype=torch.float32, device=torch.device("cpu"))
@@ -86,7 +86,7 @@ def worker(rank, world, port, backend):
         bucket = torch.empty(grads)
     bucket.fill_(1.0)
     t = median_time(lambda: dist.all_reduce(bucket), 10)
-    out.append(f"all_reduce of the gradients' {GRADIENT_BYTES} B in DDP's bucket memory: {t * 1e3:.2f} ms")
+    out.append(f"all_reduce of the gradients' {grads * 4} B in DDP's bucket memory: {t * 1e3:.2f} ms")
 
     for as_view in (False, True):
         synced, local = exposed(rank, as_view)
