@@ -34,8 +34,9 @@ class Backend {
 struct BackendOptions {
   std::string group_name;
   size_t shm_chunk_bytes = 0;
-  std::optional<bool> shm_single_copy;  // Note [Single-copy collectives]; nullopt: where it pays
-  Clock::time_point deadline;           // for the rendezvous
+  std::optional<bool> shm_single_copy;   // Note [Single-copy collectives]; nullopt: where it pays
+  std::optional<bool> shm_stream_slots;  // Note [Streaming into the slots]; nullopt: measured
+  Clock::time_point deadline;            // for the rendezvous
 };
 
 // Ordinary, zero-filled, 64-byte aligned memory behind a SymmetricMemory handle.

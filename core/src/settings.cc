@@ -52,6 +52,10 @@ Settings read_settings(const EnvMap& env) {
     if (*v != 0 && *v != 1) throw InvalidArgument("CHORUS_SHM_SINGLE_COPY must be 0 or 1");
     s.shm_single_copy = *v == 1;
   }
+  if (auto v = env_int(env, "CHORUS_SHM_STREAM_SLOTS")) {
+    if (*v != 0 && *v != 1) throw InvalidArgument("CHORUS_SHM_STREAM_SLOTS must be 0 or 1");
+    s.shm_stream_slots = *v == 1;
+  }
   if (auto v = env_int(env, "CHORUS_LOG_LEVEL")) s.log_level = int(*v);
   if (auto v = env_int(env, "CHORUS_RECV_CACHE_MB")) {
     if (*v < 0) throw InvalidArgument("CHORUS_RECV_CACHE_MB must be >= 0 (0 turns the cache off)");

@@ -1,7 +1,8 @@
 // Every collective, swept over world size x element count x dtype x op x in-place, in real
 // processes; once with a tiny slot so every algorithm runs many rounds, once with the default
-// slot (inline, one-shot and pipelined paths), and once with three ranks pinned to one core. Each
-// rank checks its own result against a reference computed here.
+// slot (inline, one-shot and pipelined paths), once with three ranks pinned to one core, and
+// with large messages stored into the slots each way. Each rank checks its own result against a
+// reference computed here.
 #include <gtest/gtest.h>
 #include <sched.h>
 
@@ -18,6 +19,7 @@ CommunicatorOptions options_for(const SweepConfig& config) {
   CommunicatorOptions options;
   options.backend = config.backend;
   options.shm_chunk_bytes = config.chunk_bytes;
+  options.shm_stream_slots = config.stream_slots;
   options.timeout = std::chrono::seconds(120);
   return options;
 }
@@ -69,6 +71,12 @@ std::vector<SweepConfig> configs() {
         out.push_back({"shm", w, 0, {0, 1, 4099, (1u << (20 - kLargeShift)) + 3}});  // inline, one-shot, pipelined
       }
       out.push_back({"shm", 3, 512, {0, 1, 17, 4099}, true});  // three ranks sharing one core
+      // Large enough (4 MiB per rank) that the all_reduces of 2-byte types and wider, and the
+      // broadcasts and gathers of 4-byte types and wider, choose how they store into the slots
+      // (Note [Streaming into the slots]): streaming always, whatever rank 0 would measure.
+      // (Elsewhere rank 0 measures: its first large call of each kind stores normally, its second
+      // streams.) Under the sanitizers, the all_reduces of 4-byte types and wider.
+      out.push_back({"shm", 2, 0, {(kLargeShift ? 1u << 20 : 1u << 21) + 17}, false, true});
       continue;
     }
     // The engines (Gloo's TCP on loopback, MPI under mpirun -np 4), whose algorithms change
@@ -80,8 +88,10 @@ std::vector<SweepConfig> configs() {
 
 INSTANTIATE_TEST_SUITE_P(Core, Sweep, ::testing::ValuesIn(configs()), [](const auto& info) {
   if (info.param.backend != "shm") return detail::concat(info.param.backend, "_W", info.param.world);
+  const auto& stream = info.param.stream_slots;
   return detail::concat("W", info.param.world, info.param.chunk_bytes ? "_small_chunks" : "_default_chunks",
-                        info.param.one_core ? "_one_core" : "");
+                        info.param.one_core ? "_one_core" : "",
+                        stream ? (*stream ? "_streamed_slots" : "_normal_slots") : "");
 });
 
 // Symmetric memory (Note [Symmetric memory]): all_reduce between buffers in it, out of place and

@@ -174,6 +174,10 @@ TEST(Settings, ParsesAndRejects) {
   EXPECT_EQ(read_settings(EnvMap{{"CHORUS_SHM_SINGLE_COPY", "0"}}).shm_single_copy, false);
   EXPECT_EQ(read_settings(EnvMap{{"CHORUS_SHM_SINGLE_COPY", "1"}}).shm_single_copy, true);
   EXPECT_THROW(read_settings(EnvMap{{"CHORUS_SHM_SINGLE_COPY", "2"}}), InvalidArgument);
+  EXPECT_EQ(read_settings(EnvMap{}).shm_stream_slots, std::nullopt);  // measured
+  EXPECT_EQ(read_settings(EnvMap{{"CHORUS_SHM_STREAM_SLOTS", "0"}}).shm_stream_slots, false);
+  EXPECT_EQ(read_settings(EnvMap{{"CHORUS_SHM_STREAM_SLOTS", "1"}}).shm_stream_slots, true);
+  EXPECT_THROW(read_settings(EnvMap{{"CHORUS_SHM_STREAM_SLOTS", "yes"}}), InvalidArgument);
 }
 
 }  // namespace

@@ -78,6 +78,52 @@ TEST(ShmGroups, RanksWithDifferentSlotSettingsUseRankZeros) {
   }));
 }
 
+// Note [Streaming into the slots]: rank 0's setting decides how the group stores large messages
+// into the slots, and the others follow it from the first phase on; with nothing said, rank 0
+// measures. Every combination gives the same results.
+TEST(ShmGroups, RanksWithDifferentStreamSettingsUseRankZeros) {
+  const std::optional<bool> choices[] = {std::nullopt, true, false};
+  for (const auto& zero : choices)
+    for (const auto& one : choices)
+      expect_all_ok(run_ranks(2, [&](RankContext& ctx) {
+        CommunicatorOptions options;
+        options.backend = "shm";
+        options.shm_stream_slots = ctx.rank == 0 ? zero : one;
+        auto comm = Communicator::create(ctx.store, ctx.rank, ctx.world, options);
+        const size_t count = (size_t(1) << 20) + 7;  // 4 MiB of f32 and up choose
+        std::vector<float> x(count), b(count), all(2 * count);
+        for (int call = 0; call < 5; ++call) {  // rank 0's measuring tries both in its first calls
+          for (size_t i = 0; i < count; ++i) x[i] = float((ctx.rank + 1) * int(i % 1000) + call);
+          comm->all_reduce(x.data(), x.data(), count, DataType::Float32, ReduceOp::Sum);
+          for (size_t i : {size_t(0), count / 2, count - 1})
+            RANK_CHECK(x[i] == float(3 * int(i % 1000) + 2 * call), "all_reduce, call ", call);
+          for (size_t i = 0; i < count; ++i) b[i] = ctx.rank == 1 ? float(i % 977 + call) : -1.0f;
+          comm->broadcast(b.data(), count, DataType::Float32, 1);
+          RANK_CHECK(b[count - 1] == float((count - 1) % 977 + call), "broadcast, call ", call);
+          comm->all_gather(b.data(), all.data(), count, DataType::Float32);
+          RANK_CHECK(all[count - 1] == b[count - 1] && all[2 * count - 1] == b[count - 1], "all_gather, call ", call);
+        }
+      }));
+}
+
+// The choice itself: the faster store, and the other now and then, so that a change is seen.
+TEST(ShmGroups, RankZeroStreamsIntoTheSlotsWhereThatWasFaster) {
+  shm::SlotStoreChoice choice;
+  EXPECT_FALSE(choice.choose());  // nothing measured: normal stores first, then streaming ones
+  choice.took(false, 2.0);
+  EXPECT_TRUE(choice.choose());
+  choice.took(true, 1.0);
+  std::vector<int> slower;
+  for (int call = 3; call <= 200; ++call) {
+    const bool streams = choice.choose();
+    if (!streams) slower.push_back(call);
+    choice.took(streams, streams ? 1.0 : 2.0);
+  }
+  EXPECT_EQ(slower, (std::vector<int>{8, 32, 64, 96, 128, 160, 192}));
+  choice.took(true, 3.0);  // the cores moved: streaming is now the slower way
+  EXPECT_FALSE(choice.choose());
+}
+
 // Note [Single-copy collectives]: middle-sized all_gathers read the peers' inputs directly when
 // every rank allows it (each rank's own setting; rank 0's "yes" makes the group try, on any
 // CPU), and go through the slots, on every rank alike, as soon as one does not. Either way every form gives the same blocks, call after call.

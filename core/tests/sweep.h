@@ -3,6 +3,7 @@
 #pragma once
 
 #include <numeric>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -17,10 +18,12 @@ struct SweepConfig {
   int world;
   size_t chunk_bytes;  // 0: default
   std::vector<size_t> counts;
-  bool one_core = false;  // every rank pinned to one CPU: each wait is on a rank that ran there
+  bool one_core = false;             // every rank pinned to one CPU: each wait is on a rank that ran there
+  std::optional<bool> stream_slots;  // CommunicatorOptions::shm_stream_slots
 };
 inline void PrintTo(const SweepConfig& c, std::ostream* os) {
-  *os << c.backend << " W" << c.world << " chunk " << c.chunk_bytes << (c.one_core ? " one core" : "");
+  *os << c.backend << " W" << c.world << " chunk " << c.chunk_bytes << (c.one_core ? " one core" : "")
+      << (c.stream_slots ? (*c.stream_slots ? " streamed slots" : " normal slots") : "");
 }
 
 inline std::string label(const char* op, DataType dt, size_t count, const char* extra = "") {

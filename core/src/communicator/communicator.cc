@@ -42,6 +42,7 @@ std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store,
   if (settings().timeout) options.timeout = *settings().timeout;
   if (options.shm_chunk_bytes == 0) options.shm_chunk_bytes = settings().shm_chunk_bytes;
   if (!options.shm_single_copy) options.shm_single_copy = settings().shm_single_copy;
+  if (!options.shm_stream_slots) options.shm_stream_slots = settings().shm_stream_slots;
   const bool automatic = options.backend == "auto" && settings().backend == "auto";
   auto comm = std::shared_ptr<Communicator>(new Communicator(std::move(store), rank, size, std::move(options)));
   if (automatic && comm->host_count() > 1)
@@ -96,6 +97,7 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
   bo.group_name = options_.name;
   bo.shm_chunk_bytes = options_.shm_chunk_bytes;
   bo.shm_single_copy = options_.shm_single_copy;
+  bo.shm_stream_slots = options_.shm_stream_slots;
   bo.deadline = deadline;
   backend_ = choose_backend(backend, elsewhere, options_.name).make(*store_, rank_, size_, bo);
   if (settings().log_level >= 1 && rank_ == 0)

@@ -3,7 +3,8 @@
 // Work goes in blocks of kBlock elements that stay in L1, each source folded in, in source
 // order, so n sources cost n reads and one write per element, and the plain loops vectorize.
 // f16/bf16 are widened to f32 on load and rounded once on store. A block that also goes to a
-// second destination (Copy) is finished in a staging buffer and written to both in one loop.
+// second destination (Copy), or is streamed to its destination, is finished in a staging buffer
+// and written out from there while it is in L1.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -20,8 +21,8 @@ namespace {
 
 constexpr size_t kBlock = 1024;
 
-// Writes a finished block (n bytes at src, in L1) to dst and to `to`, in one pass.
-void write_both(uint8_t* __restrict dst, uint8_t* __restrict to, const uint8_t* __restrict src, size_t n, bool stream) {
+// Writes n bytes (a finished block, in L1 at src) to dst, with streaming stores when `stream`.
+void put(uint8_t* __restrict dst, const uint8_t* __restrict src, size_t n, bool stream) {
   size_t i = 0;
 #if defined(__SSE2__)
   if (stream) {
@@ -33,34 +34,35 @@ void write_both(uint8_t* __restrict dst, uint8_t* __restrict to, const uint8_t* 
     using Vec = __m128i;
 #endif
     constexpr size_t kVec = sizeof(Vec);
-    i = std::min(n, (kVec - reinterpret_cast<uintptr_t>(to) % kVec) % kVec);  // until `to` is aligned
+    i = std::min(n, (kVec - reinterpret_cast<uintptr_t>(dst) % kVec) % kVec);  // until dst is aligned
     std::memcpy(dst, src, i);
-    std::memcpy(to, src, i);
     for (; i + kVec <= n; i += kVec) {
 #if defined(__AVX512F__)
-      const Vec v = _mm512_loadu_si512(src + i);
-      _mm512_storeu_si512(dst + i, v);
-      _mm512_stream_si512(reinterpret_cast<Vec*>(to + i), v);
+      _mm512_stream_si512(reinterpret_cast<Vec*>(dst + i), _mm512_loadu_si512(src + i));
 #elif defined(__AVX2__)
-      const Vec v = _mm256_loadu_si256(reinterpret_cast<const Vec*>(src + i));
-      _mm256_storeu_si256(reinterpret_cast<Vec*>(dst + i), v);
-      _mm256_stream_si256(reinterpret_cast<Vec*>(to + i), v);
+      _mm256_stream_si256(reinterpret_cast<Vec*>(dst + i), _mm256_loadu_si256(reinterpret_cast<const Vec*>(src + i)));
 #else
-      const Vec v = _mm_loadu_si128(reinterpret_cast<const Vec*>(src + i));
-      _mm_storeu_si128(reinterpret_cast<Vec*>(dst + i), v);
-      _mm_stream_si128(reinterpret_cast<Vec*>(to + i), v);
+      _mm_stream_si128(reinterpret_cast<Vec*>(dst + i), _mm_loadu_si128(reinterpret_cast<const Vec*>(src + i)));
 #endif
     }
   }
 #endif
   std::memcpy(dst + i, src + i, n - i);
-  std::memcpy(to + i, src + i, n - i);
+}
+
+// Whether a finished block is written from a staging buffer rather than folded in place.
+bool writes_staged(const Copy& copy) { return copy.to != nullptr || copy.stream_dst; }
+
+// Writes a finished block (n bytes at src, in L1), `at` bytes into the result, to dst and to copy.to.
+void write_block(uint8_t* dst, const uint8_t* src, size_t at, size_t n, const Copy& copy) {
+  put(dst + at, src, n, copy.stream_dst);
+  if (copy.to) put(static_cast<uint8_t*>(copy.to) + at, src, n, copy.stream);
 }
 
 // After the last block: streaming stores are weakly ordered, finish them before anything else.
 void finish_copy(const Copy& copy) {
 #if defined(__SSE2__)
-  if (copy.to && copy.stream) _mm_sfence();
+  if ((copy.to && copy.stream) || copy.stream_dst) _mm_sfence();
 #else
   (void)copy;
 #endif
@@ -112,11 +114,11 @@ struct Xor {
 // Same-type fold, block by block. The first two sources are combined straight into the
 // destination (one pass, no staging), later sources fold into it while the block is in L1.
 // The block goes through a staging buffer only when the destination is also a later source (its
-// block would be overwritten before it is read), or when it also goes to copy.to.
+// block would be overwritten before it is read), or when it also goes to copy.to or is streamed.
 template <class T, template <class> class Op>
 void fold_plain(const void* const* srcs, int n, void* dst_v, size_t count, bool mean, const Copy& copy) {
   T* dst = static_cast<T*>(dst_v);
-  bool staged = copy.to != nullptr;
+  bool staged = writes_staged(copy);
   for (int p = 2; p < n; ++p) staged = staged || srcs[p] == dst_v;
   alignas(64) T stage[kBlock];
   for (size_t base = 0; base < count; base += kBlock) {
@@ -139,9 +141,9 @@ void fold_plain(const void* const* srcs, int n, void* dst_v, size_t count, bool 
         for (size_t i = 0; i < m; ++i) out[i] /= div;
       }
     }
-    if (copy.to)
-      write_both(reinterpret_cast<uint8_t*>(dst + base), static_cast<uint8_t*>(copy.to) + base * sizeof(T),
-                 reinterpret_cast<const uint8_t*>(stage), m * sizeof(T), copy.stream);
+    if (writes_staged(copy))
+      write_block(static_cast<uint8_t*>(dst_v), reinterpret_cast<const uint8_t*>(stage), base * sizeof(T),
+                  m * sizeof(T), copy);
     else if (staged)
       std::memcpy(dst + base, stage, m * sizeof(T));
   }
@@ -191,14 +193,13 @@ void fold_half(const void* const* srcs, int n, void* dst_v, size_t count, bool m
       const float div = float(n);
       for (size_t i = 0; i < m; ++i) acc[i] /= div;
     }
-    uint16_t* out = copy.to ? stage : dst + base;
+    uint16_t* out = writes_staged(copy) ? stage : dst + base;
     if constexpr (kBf16)
       store_bf16(out, acc, m);
     else
       store_f16(out, acc, m);
-    if (copy.to)
-      write_both(reinterpret_cast<uint8_t*>(dst + base), static_cast<uint8_t*>(copy.to) + base * 2,
-                 reinterpret_cast<const uint8_t*>(stage), m * 2, copy.stream);
+    if (writes_staged(copy))
+      write_block(reinterpret_cast<uint8_t*>(dst), reinterpret_cast<const uint8_t*>(stage), base * 2, m * 2, copy);
   }
   finish_copy(copy);
 }

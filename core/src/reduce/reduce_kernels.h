@@ -17,10 +17,12 @@ namespace chorus::reduce {
 // while each block is still in L1: a rank that publishes its folded part (dst, a shared slot)
 // and keeps it (its output) writes both without reading the result back. With `stream` the
 // copy is written with streaming stores (Note [Streaming stores] in shm/copy.h). copy.to may
-// alias a source exactly, like dst, but not dst.
+// alias a source exactly, like dst, but not dst. With `stream_dst`, dst is written with streaming
+// stores too, whether or not there is a copy (Note [Streaming into the slots] in shm/slot_stores.h).
 struct Copy {
   void* to = nullptr;
   bool stream = false;
+  bool stream_dst = false;
 };
 void reduce(DataType dtype, ReduceOp op, const void* const* srcs, int n, void* dst, size_t count, Copy copy = {});
 

@@ -8,7 +8,8 @@
 // folding rank writes it to its own output in the same pass). A phase carries both the inputs of
 // round k and the folded parts of round k-1, so a round costs one phase. Every element is
 // folded by exactly one rank in a fixed order, and the inline/one-shot paths fold in that same
-// order on every rank, so all ranks end with identical bits.
+// order on every rank, so all ranks end with identical bits. How a large message is stored into
+// the slots, normally or streaming, rank 0 chooses by measuring (Note [Streaming into the slots]).
 //
 // Note [Direct all_reduce]: when every rank's input and output lie in symmetric memory (Note
 // [Symmetric buffers]), nothing is staged: rank r reads its part of every rank's input, folds
@@ -99,17 +100,19 @@ void all_reduce(ShmGroup& g, const Call& c) {
   auto part_begin = [&](size_t k, int q) {
     return k * per_round + in_round(c.count, per_round, k) * size_t(q) / size_t(world);
   };
+  SlotStores stores = g.slot_stores(c.kind, bytes);  // Note [Streaming into the slots]
   for (size_t k = 0; k <= rounds; ++k) {
     if (k < rounds) {
       uint8_t* slot = g.write_slot();
       for (int q = 0; q < world; ++q) {
         if (q == me) continue;
         const size_t b = part_begin(k, q), e = part_begin(k, q + 1);
-        copy_bytes(slot + (b - k * per_round) * es, in + b * es, (e - b) * es);
+        copy_out(slot + (b - k * per_round) * es, in + b * es, (e - b) * es, stores.stream);
       }
     }
     if (k == rounds && !gets_result) return g.post_last();  // Note [Owed waits]
     g.sync();
+    if (k == 0) g.learn_slot_stores(stores);
     if (k >= 1 && gets_result)
       for (int q = 0; q < world; ++q) {  // the others' folded parts of the previous round
         if (q == me) continue;
@@ -121,9 +124,10 @@ void all_reduce(ShmGroup& g, const Call& c) {
       for (int p = 0; p < world; ++p)
         srcs[size_t(p)] = p == me ? in + b * es : g.read_slot(p) + (b - k * per_round) * es;
       reduce::reduce(c.dtype, c.op, srcs.data(), world, g.write_slot() + folded_at, e - b,
-                     {gets_result ? out + b * es : nullptr, stream});
+                     {gets_result ? out + b * es : nullptr, stream, stores.stream});
     }
   }
+  g.slot_stores_done(stores, bytes);
 }
 
 }  // namespace chorus::shm

@@ -5,7 +5,8 @@
 // blocks land in one output, or each in a buffer of its own (all_gather_to), at the same cost.
 // Between symmetric buffers each rank writes its block into every output itself (Note [Direct
 // all_gather]); in the sizes where it is faster, each rank reads its peers' inputs itself (Note
-// [Single-copy collectives]).
+// [Single-copy collectives]). Large contributions may be streamed into the slots (Note
+// [Streaming into the slots]).
 #include <numeric>
 
 #include "shm/algorithms.h"
@@ -98,20 +99,23 @@ void gather(ShmGroup& g, const Call& c) {
   const bool in_place = own == in;
   const size_t chunk = g.slot_bytes() / es;
   const size_t rounds = std::max<size_t>(1, rounds_for(most, std::max<size_t>(chunk, 1)));
+  SlotStores stores = g.slot_stores(c.kind, most * es);  // Note [Streaming into the slots]
   for (size_t k = 0; k < rounds; ++k) {
     const size_t n = in_round(mine, chunk, k);
     uint8_t* slot = g.write_slot();
-    copy_bytes(slot, in + k * chunk * es, n * es);
+    copy_out(slot, in + k * chunk * es, n * es, stores.stream);
     if (!gets && k + 1 == rounds) return g.post_last();  // Note [Owed waits]
     g.post();
-    // The own block goes out from the slot while it is in cache (the input is read once), and
-    // while the peers still fill theirs.
-    if (gets && !in_place) copy_out(own + k * chunk * es, slot, n * es, stream);
+    // The own block goes out while the peers still fill their slots: from the slot while it is in
+    // cache (the input is read once), or from the input if the slot was streamed to memory.
+    if (gets && !in_place) copy_out(own + k * chunk * es, stores.stream ? in + k * chunk * es : slot, n * es, stream);
     g.wait();
+    if (k == 0) g.learn_slot_stores(stores);
     if (!gets) continue;
     for (int p = 0; p < world; ++p)
       if (p != me) copy_out(block(p) + k * chunk * es, g.read_slot(p), in_round(count_of(p), chunk, k) * es, stream);
   }
+  g.slot_stores_done(stores, most * es);
 }
 
 }  // namespace chorus::shm

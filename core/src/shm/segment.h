@@ -48,7 +48,9 @@ int create_shm_object(const std::string& who, const std::string& name, size_t by
 struct alignas(kLine) CallLine {
   CallDesc desc;
   std::atomic<uint32_t> phase;
-  uint32_t reserved;
+  // Rank 0's: this call writes its large message into the slots with streaming stores (Note
+  // [Streaming into the slots]).
+  uint32_t streams;
   uint8_t data[kInlineBytes];  // tiny payloads ride here
 };
 static_assert(sizeof(CallLine) == kLine);

@@ -14,7 +14,8 @@ ShmGroup::ShmGroup(Store& store, int rank, int world, const BackendOptions& opti
       seg_(store, rank, world, options.shm_chunk_bytes, options.shm_single_copy.value_or(single_copy_pays_here()),
            options.deadline, options.group_name),
       policy_(SpinPolicy::for_group(world)),
-      calls_(size_t(world)) {
+      calls_(size_t(world)),
+      stream_slots_(options.shm_stream_slots) {
   seg_.ctrl(rank_).cpu.store(sched_getcpu());  // else it reads 0 (CPU 0) until the first post()
   light_posts_ = true;                         // Note [Light posts]: only if every rank can pair them
   for (int r = 0; r < world; ++r) light_posts_ = light_posts_ && seg_.ctrl(r).fences.load() == 1;
@@ -80,6 +81,32 @@ void ShmGroup::start(const Call& call) {
     sync();  // raises InvalidArgument here and on every other rank
     throw InvalidArgument(invalid);
   }
+}
+
+SlotStores ShmGroup::slot_stores(OpKind kind, size_t bytes) {
+  static_assert(std::tuple_size_v<decltype(slot_store_choice_)> > size_t(OpKind::RecvAny));
+  SlotStores s;
+  s.large = world_ > 1 && bytes >= SlotStoreChoice::kMinBytes;
+  s.kind = kind;
+  if (s.large && rank_ == 0) {
+    s.stream = stream_slots_ ? *stream_slots_ : slot_store_choice_[size_t(kind)].choose();
+    seg_.ctrl(0).calls[call_ & 1].streams = s.stream ? 1 : 0;  // published by the first post
+  }
+  return s;
+}
+
+void ShmGroup::learn_slot_stores(SlotStores& s) {
+  if (!s.large) return;
+  if (rank_ != 0)
+    s.stream = seg_.ctrl(0).calls[call_ & 1].streams != 0;
+  else
+    s.first_phase = Clock::now();
+}
+
+void ShmGroup::slot_stores_done(const SlotStores& s, size_t bytes) {
+  if (!s.large || rank_ != 0 || stream_slots_ || s.first_phase == Clock::time_point{}) return;  // untimed
+  const double ns = std::chrono::duration<double, std::nano>(Clock::now() - s.first_phase).count();
+  slot_store_choice_[size_t(s.kind)].took(s.stream, ns / double(bytes));
 }
 
 void ShmGroup::post() {

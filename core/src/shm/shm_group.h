@@ -31,7 +31,9 @@
 // every rank's before anyone reads data.
 #pragma once
 
+#include <array>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +42,7 @@
 #include "shm/peer_read.h"
 #include "shm/peer_watch.h"
 #include "shm/segment.h"
+#include "shm/slot_stores.h"
 #include "shm/symmetric.h"
 #include "shm/waiter.h"
 
@@ -108,6 +111,14 @@ class ShmGroup {
   void stop_single_copy() { single_copy_on_ = false; }  // every rank calls it at the same call
   int pid_of(int r) { return seg_.ctrl(r).pid.load(std::memory_order_relaxed); }
 
+  // How a staged call moving `bytes` per rank writes into the slots (Note [Streaming into the
+  // slots]). slot_stores() before the call's first phase: rank 0 chooses for the call and
+  // publishes it, the others write normally until they learn it. learn_slot_stores() after the
+  // first sync; slot_stores_done() on rank 0 after the last one, to time the call.
+  SlotStores slot_stores(OpKind kind, size_t bytes);
+  void learn_slot_stores(SlotStores& s);
+  void slot_stores_done(const SlotStores& s, size_t bytes);
+
   // Publishes this rank's failure so peers stop waiting for it.
   void abort(const AbortCause& cause);
 
@@ -140,6 +151,8 @@ class ShmGroup {
   bool reads_peers_ = false;
   bool single_copy_on_ = false;  // rank 0's choice (Header::single_copy) until a call turns it off
   std::shared_ptr<SymmetricRegistry> symmetric_ = std::make_shared<SymmetricRegistry>();
+  std::optional<bool> stream_slots_;                   // the setting: always / never; nullopt: choose
+  std::array<SlotStoreChoice, 32> slot_store_choice_;  // rank 0's, by OpKind
   Clock::time_point started_, deadline_;
 };
 

@@ -56,6 +56,11 @@ struct CommunicatorOptions {
   // only on CPUs where it was measured faster. A "no" on any rank holds for the whole group; rank
   // 0's "yes" or "no" decides whether the group tries at all.
   std::optional<bool> shm_single_copy;
+  // Whether shared memory writes large messages (4 MiB per rank and up) into its slots with
+  // streaming stores, which pays where the ranks' cores do not share a cache; nullopt:
+  // CHORUS_SHM_STREAM_SLOTS, and if that is unset, rank 0 times both kinds as the job runs and
+  // uses the faster. Rank 0's setting decides for the group.
+  std::optional<bool> shm_stream_slots;
 };
 
 using Timeout = std::optional<std::chrono::milliseconds>;

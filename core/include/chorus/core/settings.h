@@ -39,7 +39,8 @@ struct Settings {
   std::string backend = "auto";
   size_t shm_chunk_bytes = 512 * 1024;
   std::optional<int> shm_spin_us;
-  std::optional<bool> shm_single_copy;  // nullopt: where measured faster (Note [Single-copy collectives])
+  std::optional<bool> shm_single_copy;   // nullopt: where measured faster (Note [Single-copy collectives])
+  std::optional<bool> shm_stream_slots;  // nullopt: measured as the job runs (Note [Streaming into the slots])
   int log_level = 0;
   size_t recv_cache_bytes = size_t(512) << 20;
 };
