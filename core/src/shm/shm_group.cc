@@ -24,6 +24,7 @@ ShmGroup::ShmGroup(Store& store, int rank, int world, const BackendOptions& opti
   // Only a group that tries single copies needs to know (rank 0 decided: Note [Single-copy collectives]).
   single_copy_on_ = seg_.header().single_copy != 0;
   reads_peers_ = single_copy_on_ && options.shm_single_copy.value_or(true) && probe_peer_reads();
+  times_slot_stores_ = !stream_slots_ && world_ <= int(seg_.header().cores);  // Note [Streaming into the slots]
 }
 
 bool ShmGroup::probe_peer_reads() {
@@ -89,7 +90,7 @@ SlotStores ShmGroup::slot_stores(OpKind kind, size_t bytes) {
   s.large = world_ > 1 && bytes >= SlotStoreChoice::kMinBytes;
   s.kind = kind;
   if (s.large && rank_ == 0) {
-    s.stream = stream_slots_ ? *stream_slots_ : slot_store_choice_[size_t(kind)].choose();
+    s.stream = stream_slots_ ? *stream_slots_ : times_slot_stores_ && slot_store_choice_[size_t(kind)].choose();
     seg_.ctrl(0).calls[call_ & 1].streams = s.stream ? 1 : 0;  // published by the first post
   }
   return s;
@@ -104,7 +105,7 @@ void ShmGroup::learn_slot_stores(SlotStores& s) {
 }
 
 void ShmGroup::slot_stores_done(const SlotStores& s, size_t bytes) {
-  if (!s.large || rank_ != 0 || stream_slots_ || s.first_phase == Clock::time_point{}) return;  // untimed
+  if (!s.large || rank_ != 0 || !times_slot_stores_ || s.first_phase == Clock::time_point{}) return;  // untimed
   const double ns = std::chrono::duration<double, std::nano>(Clock::now() - s.first_phase).count();
   slot_store_choice_[size_t(s.kind)].took(s.stream, ns / double(bytes));
 }

@@ -152,6 +152,7 @@ class ShmGroup {
   bool single_copy_on_ = false;  // rank 0's choice (Header::single_copy) until a call turns it off
   std::shared_ptr<SymmetricRegistry> symmetric_ = std::make_shared<SymmetricRegistry>();
   std::optional<bool> stream_slots_;                   // the setting: always / never; nullopt: choose
+  bool times_slot_stores_ = false;                     // nothing set, and a core for every rank
   std::array<SlotStoreChoice, 32> slot_store_choice_;  // rank 0's, by OpKind
   Clock::time_point started_, deadline_;
 };

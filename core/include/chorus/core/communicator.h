@@ -59,7 +59,8 @@ struct CommunicatorOptions {
   // Whether shared memory writes large messages (4 MiB per rank and up) into its slots with
   // streaming stores, which pays where the ranks' cores do not share a cache; nullopt:
   // CHORUS_SHM_STREAM_SLOTS, and if that is unset, rank 0 times both kinds as the job runs and
-  // uses the faster. Rank 0's setting decides for the group.
+  // uses the faster (in a group with a core for every rank; normal stores otherwise). Rank 0's
+  // setting decides for the group.
   std::optional<bool> shm_stream_slots;
 };
 
