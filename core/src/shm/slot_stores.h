@@ -19,16 +19,17 @@
 // first phase to its last, each kind of call apart; keeps the last time of each kind of store;
 // and uses the faster one, trying the other at the 8th call and then every kTryEvery-th. A move
 // between dies is noticed within that many calls, and the price is that one call in kTryEvery
-// takes the slower way. Only a group with a core for every rank measures (Header::cores): with
-// more ranks than cores, ranks that share a core share its caches, and rank 0's times swing with
-// the scheduler. W=4 on the 2 cores, normal against streaming stores, three runs: all_reduce 64
-// MiB 14.2-16.1 against 15.2-21.9 ms, broadcast 64 MiB 6.7-6.9 against 6.7-8.4. Such a group
-// stores normally unless the setting says otherwise. Rank 0's choice travels in its call line (CallLine::streams); the other
+// takes the slower way. Rank 0's choice travels in its call line (CallLine::streams); the other
 // ranks read it after the first phase, so only their first chunk is written normally. Either
 // choice moves the same bytes to the same places: it changes the speed, never the result, and
-// no rank has to agree with another for correctness. CHORUS_SHM_STREAM_SLOTS
-// (CommunicatorOptions::shm_stream_slots) fixes the choice: rank 0's setting decides for the
-// group.
+// no rank has to agree with another for correctness.
+//
+// Only a group with a core for every rank measures (Header::cores): with more ranks than cores,
+// ranks that share a core share its caches, and rank 0's times swing with the scheduler. W=4 on
+// the 2 cores, normal against streaming stores, three runs: all_reduce 64 MiB 14.2-16.1 against
+// 15.2-21.9 ms, broadcast 64 MiB 6.7-6.9 against 6.7-8.4. Such a group stores normally.
+// CHORUS_SHM_STREAM_SLOTS (CommunicatorOptions::shm_stream_slots) fixes the choice for any group:
+// rank 0's setting decides for the group.
 #pragma once
 
 #include <cstddef>
