@@ -99,7 +99,7 @@ int worker(const Options& o) {
   const Environment env = Environment::detect();
   CommunicatorOptions co;
   co.name = "bench";
-  co.shm_chunk_bytes = o.chunk_bytes;
+  co.shm.chunk_bytes = o.chunk_bytes;
   co.timeout = std::chrono::minutes(5);
   auto comm = Communicator::create(connect_store(env), env.rank, env.world_size, co);
   const int rank = comm->rank(), world = comm->size();

@@ -7,7 +7,8 @@
 #include <vector>
 
 #include "call.h"
-#include "chorus/core/communicator.h"
+#include "chorus/core/shm_options.h"
+#include "chorus/core/symmetric_memory.h"
 
 namespace chorus {
 
@@ -25,6 +26,9 @@ class Backend {
   virtual void run(const Call& call) = 0;
   // Marks this rank as gone for its peers, so they fail fast instead of waiting.
   virtual void abort(const std::exception_ptr& cause) = 0;
+  // No call follows: pays what this rank still owes its last call (Note [Owed waits]), waiting
+  // until `deadline` at most, and throws what run() would have thrown for it. Nothing by default.
+  virtual void finish(Clock::time_point /*deadline*/) {}
   // Runs an AllocSymmetric call (count = bytes): Note [Symmetric memory]. This default checks the
   // call with the other ranks and returns ordinary memory; a backend that can share buffers
   // between the ranks overrides it.
@@ -33,10 +37,8 @@ class Backend {
 
 struct BackendOptions {
   std::string group_name;
-  size_t shm_chunk_bytes = 0;
-  std::optional<bool> shm_single_copy;   // Note [Single-copy collectives]; nullopt: where it pays
-  std::optional<bool> shm_stream_slots;  // Note [Streaming into the slots]; nullopt: measured
-  Clock::time_point deadline;            // for the rendezvous
+  ShmOptions shm;              // settled: CommunicatorOptions::shm or the settings
+  Clock::time_point deadline;  // for the rendezvous
 };
 
 // Ordinary, zero-filled, 64-byte aligned memory behind a SymmetricMemory handle.

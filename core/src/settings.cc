@@ -42,7 +42,7 @@ Settings read_settings(const EnvMap& env) {
   if (auto it = env.find("CHORUS_BACKEND"); it != env.end() && !it->second.empty()) s.backend = it->second;
   if (auto v = env_int(env, "CHORUS_SHM_CHUNK_BYTES")) {
     if (*v < 64) throw InvalidArgument("CHORUS_SHM_CHUNK_BYTES must be at least 64");
-    s.shm_chunk_bytes = size_t(*v);
+    s.shm.chunk_bytes = size_t(*v);
   }
   if (auto v = env_int(env, "CHORUS_SHM_SPIN_US")) {
     if (*v < 0) throw InvalidArgument("CHORUS_SHM_SPIN_US must be >= 0");
@@ -50,11 +50,11 @@ Settings read_settings(const EnvMap& env) {
   }
   if (auto v = env_int(env, "CHORUS_SHM_SINGLE_COPY")) {
     if (*v != 0 && *v != 1) throw InvalidArgument("CHORUS_SHM_SINGLE_COPY must be 0 or 1");
-    s.shm_single_copy = *v == 1;
+    s.shm.single_copy = *v == 1;
   }
   if (auto v = env_int(env, "CHORUS_SHM_STREAM_SLOTS")) {
     if (*v != 0 && *v != 1) throw InvalidArgument("CHORUS_SHM_STREAM_SLOTS must be 0 or 1");
-    s.shm_stream_slots = *v == 1;
+    s.shm.stream_slots = *v == 1;
   }
   if (auto v = env_int(env, "CHORUS_LOG_LEVEL")) s.log_level = int(*v);
   if (auto v = env_int(env, "CHORUS_RECV_CACHE_MB")) {

@@ -18,8 +18,8 @@ namespace {
 CommunicatorOptions options_for(const SweepConfig& config) {
   CommunicatorOptions options;
   options.backend = config.backend;
-  options.shm_chunk_bytes = config.chunk_bytes;
-  options.shm_stream_slots = config.stream_slots;
+  options.shm.chunk_bytes = config.chunk_bytes;
+  options.shm.stream_slots = config.stream_slots;
   options.timeout = std::chrono::seconds(120);
   return options;
 }

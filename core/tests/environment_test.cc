@@ -167,16 +167,16 @@ TEST(Settings, ParsesAndRejects) {
   EXPECT_EQ(s.timeout->count(), 1500);
   EXPECT_EQ(s.store_timeout.count(), 2500);
   EXPECT_EQ(s.backend, "shm");
-  EXPECT_EQ(s.shm_chunk_bytes, 4096u);
+  EXPECT_EQ(s.shm.chunk_bytes, 4096u);
   EXPECT_THROW(read_settings(EnvMap{{"CHORUS_TIMEOUT_MS", "soon"}}), InvalidArgument);
   EXPECT_THROW(read_settings(EnvMap{{"CHORUS_SHM_CHUNK_BYTES", "8"}}), InvalidArgument);
-  EXPECT_EQ(read_settings(EnvMap{}).shm_single_copy, std::nullopt);  // where it pays
-  EXPECT_EQ(read_settings(EnvMap{{"CHORUS_SHM_SINGLE_COPY", "0"}}).shm_single_copy, false);
-  EXPECT_EQ(read_settings(EnvMap{{"CHORUS_SHM_SINGLE_COPY", "1"}}).shm_single_copy, true);
+  EXPECT_EQ(read_settings(EnvMap{}).shm.single_copy, std::nullopt);  // where it pays
+  EXPECT_EQ(read_settings(EnvMap{{"CHORUS_SHM_SINGLE_COPY", "0"}}).shm.single_copy, false);
+  EXPECT_EQ(read_settings(EnvMap{{"CHORUS_SHM_SINGLE_COPY", "1"}}).shm.single_copy, true);
   EXPECT_THROW(read_settings(EnvMap{{"CHORUS_SHM_SINGLE_COPY", "2"}}), InvalidArgument);
-  EXPECT_EQ(read_settings(EnvMap{}).shm_stream_slots, std::nullopt);  // measured
-  EXPECT_EQ(read_settings(EnvMap{{"CHORUS_SHM_STREAM_SLOTS", "0"}}).shm_stream_slots, false);
-  EXPECT_EQ(read_settings(EnvMap{{"CHORUS_SHM_STREAM_SLOTS", "1"}}).shm_stream_slots, true);
+  EXPECT_EQ(read_settings(EnvMap{}).shm.stream_slots, std::nullopt);  // measured
+  EXPECT_EQ(read_settings(EnvMap{{"CHORUS_SHM_STREAM_SLOTS", "0"}}).shm.stream_slots, false);
+  EXPECT_EQ(read_settings(EnvMap{{"CHORUS_SHM_STREAM_SLOTS", "1"}}).shm.stream_slots, true);
   EXPECT_THROW(read_settings(EnvMap{{"CHORUS_SHM_STREAM_SLOTS", "yes"}}), InvalidArgument);
 }
 

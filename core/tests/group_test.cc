@@ -70,7 +70,7 @@ TEST_P(Groups, ManyCreatedAndDestroyedInTurn) {
 TEST(ShmGroups, RanksWithDifferentSlotSettingsUseRankZeros) {
   expect_all_ok(run_ranks(3, [](RankContext& ctx) {
     CommunicatorOptions options;
-    options.shm_chunk_bytes = ctx.rank == 0 ? 4096 : 1 << 20;
+    options.shm.chunk_bytes = ctx.rank == 0 ? 4096 : 1 << 20;
     auto comm = Communicator::create(ctx.store, ctx.rank, ctx.world, options);
     std::vector<int32_t> x(100000, ctx.rank + 1);
     comm->all_reduce(x.data(), x.data(), x.size(), DataType::Int32, ReduceOp::Sum);
@@ -88,7 +88,7 @@ TEST(ShmGroups, RanksWithDifferentStreamSettingsUseRankZeros) {
       expect_all_ok(run_ranks(2, [&](RankContext& ctx) {
         CommunicatorOptions options;
         options.backend = "shm";
-        options.shm_stream_slots = ctx.rank == 0 ? zero : one;
+        options.shm.stream_slots = ctx.rank == 0 ? zero : one;
         auto comm = Communicator::create(ctx.store, ctx.rank, ctx.world, options);
         const size_t count = (size_t(1) << 20) + 7;  // 4 MiB of f32 and up choose
         std::vector<float> x(count), b(count), all(2 * count);
@@ -132,7 +132,7 @@ TEST(ShmGroups, SingleCopyAllGathersAreRightWhateverEachRankAllows) {
     expect_all_ok(run_ranks(2, [&](RankContext& ctx) {
       CommunicatorOptions options;
       options.backend = "shm";
-      options.shm_single_copy = ctx.rank != refuser;
+      options.shm.single_copy = ctx.rank != refuser;
       auto comm = Communicator::create(ctx.store, ctx.rank, ctx.world, options);
       const int me = comm->rank();
       auto value = [](int r, size_t i, int round) { return float(r * 1000003 + int(i % 65521) + round); };
@@ -171,7 +171,7 @@ TEST(ShmGroups, RankZeroDecidesWhetherAGroupTriesSingleCopies) {
         BackendOptions options;
         options.group_name = "single-copy";
         options.deadline = Clock::now() + 30s;
-        options.shm_single_copy = ctx.rank == 0 ? zero : one;
+        options.shm.single_copy = ctx.rank == 0 ? zero : one;
         shm::ShmGroup g(*ctx.store, ctx.rank, ctx.world, options);
         const bool tries = zero.value_or(shm::single_copy_pays_here()) && shm::usable_cores() >= 2;
         RANK_CHECK(g.single_copy(OpKind::AllGather, 1 << 20) == tries, "rank 0 said ", said(zero), ", rank 1 ",

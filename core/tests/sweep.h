@@ -19,7 +19,7 @@ struct SweepConfig {
   size_t chunk_bytes;  // 0: default
   std::vector<size_t> counts;
   bool one_core = false;             // every rank pinned to one CPU: each wait is on a rank that ran there
-  std::optional<bool> stream_slots;  // CommunicatorOptions::shm_stream_slots
+  std::optional<bool> stream_slots;  // CommunicatorOptions::shm.stream_slots
 };
 inline void PrintTo(const SweepConfig& c, std::ostream* os) {
   *os << c.backend << " W" << c.world << " chunk " << c.chunk_bytes << (c.one_core ? " one core" : "")

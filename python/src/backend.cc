@@ -152,6 +152,10 @@ ProcessGroupChorus::~ProcessGroupChorus() {
   });
 }
 
+void ProcessGroupChorus::shutdown() {
+  run_teardown([this] { pg_->communicator().shutdown(timeout_); });
+}
+
 c10::intrusive_ptr<c10d::Backend> ProcessGroupChorus::create(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                                              int size, std::chrono::milliseconds timeout,
                                                              const std::string& name, std::vector<int> global_ranks) {

@@ -27,6 +27,9 @@ class ProcessGroupChorus : public c10d::Backend {
   ProcessGroupChorus(std::shared_ptr<chorus::ProcessGroup> pg, std::chrono::milliseconds timeout);
   // Lets the submitted work finish, then closes the communicator (Note [Closing under the GIL]).
   ~ProcessGroupChorus() override;
+  // destroy_process_group: Communicator::shutdown, with the GIL released (Note [Closing under
+  // the GIL]); raises what the group's last call left unchecked.
+  void shutdown() override;
   // How the destructor runs its teardown: the Python module makes it release the GIL first.
   static inline std::function<void(const std::function<void()>&)> run_teardown = [](const std::function<void()>& fn) {
     fn();

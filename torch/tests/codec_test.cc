@@ -5,7 +5,7 @@
 #include <torch/torch.h>
 
 #include "chorus/chorus.h"
-#include "objects/codec.h"
+#include "parallel/objects/codec.h"
 
 namespace chorus::detail {
 namespace {

@@ -40,9 +40,7 @@ std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store,
   if (size < 1 || rank < 0 || rank >= size)
     throw InvalidArgument(detail::concat("Communicator::create: rank ", rank, " is not in [0, ", size, ")"));
   if (settings().timeout) options.timeout = *settings().timeout;
-  if (options.shm_chunk_bytes == 0) options.shm_chunk_bytes = settings().shm_chunk_bytes;
-  if (!options.shm_single_copy) options.shm_single_copy = settings().shm_single_copy;
-  if (!options.shm_stream_slots) options.shm_stream_slots = settings().shm_stream_slots;
+  options.shm = options.shm.or_else(settings().shm);
   const bool automatic = options.backend == "auto" && settings().backend == "auto";
   auto comm = std::shared_ptr<Communicator>(new Communicator(std::move(store), rank, size, std::move(options)));
   if (automatic && comm->host_count() > 1)
@@ -95,9 +93,7 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
   }
   BackendOptions bo;
   bo.group_name = options_.name;
-  bo.shm_chunk_bytes = options_.shm_chunk_bytes;
-  bo.shm_single_copy = options_.shm_single_copy;
-  bo.shm_stream_slots = options_.shm_stream_slots;
+  bo.shm = options_.shm;
   bo.deadline = deadline;
   backend_ = choose_backend(backend, elsewhere, options_.name).make(*store_, rank_, size_, bo);
   if (settings().log_level >= 1 && rank_ == 0)
@@ -105,7 +101,37 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
                  backend_->name().c_str());
 }
 
-Communicator::~Communicator() { order_.reset(); }  // submitted work first: it uses the backend
+Communicator::~Communicator() {
+  order_.reset();  // submitted work first: it uses the backend
+  if (aborted_.load()) return;
+  try {
+    backend_->finish(coarse_now() + std::min<Clock::duration>(options_.timeout, kFinishOnDestroy));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "[chorus] rank %d: group '%s' destroyed after an unfinished call: %s\n", rank_,
+                 options_.name.c_str(), e.what());
+  }
+}
+
+void Communicator::shutdown(Timeout timeout) {
+  order_->drain();
+  std::lock_guard<std::mutex> lock(call_mu_);
+  std::exception_ptr found;
+  {
+    std::lock_guard<std::mutex> state(state_mu_);
+    if (aborted_.load()) return;  // already shut down or failed: the group owes nothing more
+    try {
+      backend_->finish(coarse_now() + timeout.value_or(options_.timeout));
+    } catch (const Error&) {
+      found = std::current_exception();
+    }
+    // Later calls fail at once; peers are not told (this rank left in order, as ~ShmGroup says).
+    failed_ = found ? found
+                    : std::make_exception_ptr(
+                          Error(detail::concat("group '", options_.name, "' was shut down on rank ", rank_)));
+    aborted_.store(true, std::memory_order_release);
+  }
+  if (found) std::rethrow_exception(found);
+}
 
 std::string Communicator::backend_name() const { return hierarchy_ ? hierarchy_->name() : backend_->name(); }
 

@@ -22,7 +22,7 @@
 // transparent huge pages alike: 1 MiB in 103-107 us, where a memcpy takes 18) and the window lost
 // at every size (1 MiB 165-170 against 95-103, 256 KiB 32-33 against 16-24). So a group tries
 // single copies only where rank 0 says so: CHORUS_SHM_SINGLE_COPY=1 (or
-// CommunicatorOptions::shm_single_copy) on any CPU, unset on Intel CPUs only
+// CommunicatorOptions::shm.single_copy) on any CPU, unset on Intel CPUs only
 // (single_copy_pays_here()), and 0 never.
 //
 // Whether a peer's memory can be read is decided once per group that tries single copies, when it
@@ -33,7 +33,7 @@
 // peer's process and reading it is allowed. exchange() carries each rank's verdict, so every
 // rank sees all verdicts and takes the same path; after one "no", the group stops asking. A read
 // that fails during a call is reported by finish(), and then every rank runs the call again
-// through the slots. CHORUS_SHM_SINGLE_COPY=0 (CommunicatorOptions::shm_single_copy) makes a
+// through the slots. CHORUS_SHM_SINGLE_COPY=0 (CommunicatorOptions::shm.single_copy) makes a
 // rank say "no".
 #pragma once
 

@@ -45,13 +45,22 @@ int create_shm_object(const std::string& who, const std::string& name, size_t by
 // line: the descriptor, the inline payload, and the last phase the rank posted during this call.
 // Peers spin on that phase, so a tiny all_reduce or a barrier costs one line transfer per peer.
 // RankControl::seq repeats the phase as the futex word for sleepers.
+//
+// Note [Aborted in the call line]: a rank that aborts also sets kLineAborted in both of its call
+// lines. A peer that reaches a call late, after the others posted it and gave up on it, finds
+// every phase it waits for already posted and never looks at their state; it reads the flag in
+// the line it just read the phase from, and raises as they did instead of returning a result
+// its peers have disowned.
+enum CallLineFlags : uint32_t {
+  kLineStreams = 1,  // rank 0's: this call writes its large message into the slots with
+                     // streaming stores (Note [Streaming into the slots])
+  kLineAborted = 2,  // this rank aborted the group
+};
 struct alignas(kLine) CallLine {
   CallDesc desc;
   std::atomic<uint32_t> phase;
-  // Rank 0's: this call writes its large message into the slots with streaming stores (Note
-  // [Streaming into the slots]).
-  uint32_t streams;
-  uint8_t data[kInlineBytes];  // tiny payloads ride here
+  std::atomic<uint32_t> flags;  // CallLineFlags
+  uint8_t data[kInlineBytes];   // tiny payloads ride here
 };
 static_assert(sizeof(CallLine) == kLine);
 

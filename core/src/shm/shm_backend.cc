@@ -45,6 +45,8 @@ class ShmBackend : public Backend {
 
   void abort(const std::exception_ptr& cause) override { g_.abort(abort_cause(cause)); }
 
+  void finish(Clock::time_point deadline) override { g_.finish(deadline); }
+
  private:
   ShmGroup g_;
 };

@@ -11,11 +11,11 @@ ShmGroup::ShmGroup(Store& store, int rank, int world, const BackendOptions& opti
     : rank_(rank),
       world_(world),
       name_(options.group_name),
-      seg_(store, rank, world, options.shm_chunk_bytes, options.shm_single_copy.value_or(single_copy_pays_here()),
+      seg_(store, rank, world, options.shm.chunk_bytes, options.shm.single_copy.value_or(single_copy_pays_here()),
            options.deadline, options.group_name),
       policy_(SpinPolicy::for_group(world)),
       calls_(size_t(world)),
-      stream_slots_(options.shm_stream_slots) {
+      stream_slots_(options.shm.stream_slots) {
   seg_.ctrl(rank_).cpu.store(sched_getcpu());  // else it reads 0 (CPU 0) until the first post()
   light_posts_ = true;                         // Note [Light posts]: only if every rank can pair them
   for (int r = 0; r < world; ++r) light_posts_ = light_posts_ && seg_.ctrl(r).fences.load() == 1;
@@ -23,7 +23,7 @@ ShmGroup::ShmGroup(Store& store, int rank, int world, const BackendOptions& opti
     if (r != rank) watch_.watch(r, seg_.ctrl(r).pid.load());
   // Only a group that tries single copies needs to know (rank 0 decided: Note [Single-copy collectives]).
   single_copy_on_ = seg_.header().single_copy != 0;
-  reads_peers_ = single_copy_on_ && options.shm_single_copy.value_or(true) && probe_peer_reads();
+  reads_peers_ = single_copy_on_ && options.shm.single_copy.value_or(true) && probe_peer_reads();
   times_slot_stores_ = !stream_slots_ && world_ <= int(seg_.header().cores);  // Note [Streaming into the slots]
 }
 
@@ -91,7 +91,10 @@ SlotStores ShmGroup::slot_stores(OpKind kind, size_t bytes) {
   s.kind = kind;
   if (s.large && rank_ == 0) {
     s.stream = stream_slots_ ? *stream_slots_ : times_slot_stores_ && slot_store_choice_[size_t(kind)].choose();
-    seg_.ctrl(0).calls[call_ & 1].streams = s.stream ? 1 : 0;  // published by the first post
+    std::atomic<uint32_t>& flags = seg_.ctrl(0).calls[call_ & 1].flags;  // published by the first post
+    flags.store(
+        (flags.load(std::memory_order_relaxed) & ~uint32_t(kLineStreams)) | (s.stream ? uint32_t(kLineStreams) : 0u),
+        std::memory_order_relaxed);
   }
   return s;
 }
@@ -99,7 +102,7 @@ SlotStores ShmGroup::slot_stores(OpKind kind, size_t bytes) {
 void ShmGroup::learn_slot_stores(SlotStores& s) {
   if (!s.large) return;
   if (rank_ != 0)
-    s.stream = seg_.ctrl(0).calls[call_ & 1].streams != 0;
+    s.stream = (seg_.ctrl(0).calls[call_ & 1].flags.load(std::memory_order_relaxed) & kLineStreams) != 0;
   else
     s.first_phase = Clock::now();
 }
@@ -125,6 +128,13 @@ void ShmGroup::post() {
   shm::post(me.seq, me.waiters, target, light_posts_);
 }
 
+void ShmGroup::finish(Clock::time_point deadline) {
+  if (!owed_) return;
+  owed_ = false;
+  deadline_ = deadline;
+  wait();  // compares the last call if it had a single phase
+}
+
 void ShmGroup::post_last() {
   post();
   owed_ = true;
@@ -137,14 +147,18 @@ void ShmGroup::wait() {
     if (p == rank_) continue;
     RankControl& peer = seg_.ctrl(p);
     auto ready = [&] { return reached(peer.calls[line].phase.load(std::memory_order_acquire), target); };
-    if (ready()) continue;
-    wait_until(ready, peer.seq, peer.waiters, policy_, may_spin(peer.cpu), [&] {
-      std::vector<int> missing;
-      for (int q = 0; q < world_; ++q)
-        if (q != rank_ && !reached(seg_.ctrl(q).calls[line].phase.load(std::memory_order_acquire), target))
-          missing.push_back(q);
-      check_peers(missing, call_name(), started_, deadline_);
-    });
+    if (!ready()) {
+      wait_until(ready, peer.seq, peer.waiters, policy_, may_spin(peer.cpu), [&] {
+        std::vector<int> missing;
+        for (int q = 0; q < world_; ++q)
+          if (q != rank_ && !reached(seg_.ctrl(q).calls[line].phase.load(std::memory_order_acquire), target))
+            missing.push_back(q);
+        check_peers(missing, call_name(), started_, deadline_);
+      });
+    }
+    // Note [Aborted in the call line]: the peer posted, but may have given up on this call since.
+    if (peer.calls[line].flags.load(std::memory_order_acquire) & kLineAborted)
+      check_peers({}, call_name(), started_, deadline_);
   }
   if (!compared_) {
     compared_ = true;
@@ -216,6 +230,7 @@ void ShmGroup::abort(const AbortCause& cause) {
   me.abort_kind.store(uint32_t(cause.kind));
   me.abort_rank.store(cause.about);
   me.state.store(kAborted);
+  for (CallLine& line : me.calls) line.flags.fetch_or(kLineAborted);  // Note [Aborted in the call line]
   futex_wake_all(&me.seq);
 }
 

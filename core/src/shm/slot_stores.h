@@ -28,7 +28,7 @@
 // ranks that share a core share its caches, and rank 0's times swing with the scheduler. W=4 on
 // the 2 cores, normal against streaming stores, three runs: all_reduce 64 MiB 14.2-16.1 against
 // 15.2-21.9 ms, broadcast 64 MiB 6.7-6.9 against 6.7-8.4. Such a group stores normally.
-// CHORUS_SHM_STREAM_SLOTS (CommunicatorOptions::shm_stream_slots) fixes the choice for any group:
+// CHORUS_SHM_STREAM_SLOTS (CommunicatorOptions::shm.stream_slots) fixes the choice for any group:
 // rank 0's setting decides for the group.
 #pragma once
 

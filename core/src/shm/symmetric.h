@@ -1,4 +1,4 @@
-// Symmetric memory on the shared-memory backend (Note [Symmetric memory] in communicator.h).
+// Symmetric memory on the shared-memory backend (Note [Symmetric memory] in symmetric_memory.h).
 //
 // Note [Symmetric buffers]: alloc_symmetric is a call like the others (checked, two phases). Each
 // rank creates its buffer as a POSIX shared-memory object under a random name and writes the name
@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "call.h"
-#include "chorus/core/communicator.h"
+#include "chorus/core/symmetric_memory.h"
 
 namespace chorus::shm {
 

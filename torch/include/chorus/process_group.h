@@ -64,7 +64,7 @@ struct TensorAsyncOptions {
 };
 
 namespace detail {
-struct PreparedCall;  // process_group.cc
+struct PreparedCall;  // torch/src/groups/process_group/prepared_call.h
 class SymmetricPool;  // symmetric_pool.h
 }  // namespace detail
 
@@ -219,7 +219,10 @@ bool is_initialized();
 // What the launcher said (ranks, nodes, addresses) for the default group; a single process when
 // not initialized.
 Environment environment();
-// Forgets the default group (not collective). Groups made from it stay usable while held.
+// Forgets the default group (not collective). Groups made from it, and the default group itself
+// while held elsewhere, stay usable. When nothing else holds it, shuts it down
+// (Communicator::shutdown): throws what this rank's last call left unchecked (a mismatch, a
+// failed or missing peer), after the group's timeout at most.
 void destroy_process_group();
 // Collective over the default group: a group of `ranks` (default-group ranks). Null on ranks
 // not in the list.

@@ -9,7 +9,7 @@
 // C++ modules have no forward hooks, so chorus does not wrap the module's forward: the module's
 // own parameter tensors become sharded parameters (same sizes, dtype and autograd identity, no
 // values). Every operator that reaches one comes to chorus first (Note [Sharded parameters] in
-// torch/src/sharded/param_kernel.cc): inside forward(fn) and during backward it gathers the
+// torch/src/parallel/sharded/param_kernel.cc): inside forward(fn) and during backward it gathers the
 // parameter's unit and lets the operator run on the full values; anywhere else it throws
 // InvalidArgument naming the parameter, so the module can never compute with a shard by mistake.
 #pragma once
@@ -31,7 +31,7 @@
 namespace chorus {
 
 namespace detail {
-class DataParallelEngine;  // what runs a ShardedDataParallel's strategy (torch/src/sharded/engine.h)
+class DataParallelEngine;  // what runs a ShardedDataParallel's strategy (torch/src/parallel/sharded/engine.h)
 struct GatheredEntry;      // one module's (or DDP group's) share of a GatheredParameters (sharded/gathered.cc)
 }  // namespace detail
 

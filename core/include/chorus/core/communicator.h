@@ -34,7 +34,9 @@
 #include <vector>
 
 #include "chorus/core/dtype.h"
+#include "chorus/core/shm_options.h"
 #include "chorus/core/store.h"
+#include "chorus/core/symmetric_memory.h"
 #include "chorus/core/work.h"
 
 namespace chorus {
@@ -50,18 +52,7 @@ struct CommunicatorOptions {
   std::string backend = "auto";
   std::chrono::milliseconds timeout = std::chrono::minutes(30);  // default deadline of each call
   std::string name = "world";                                    // appears in every message about this group
-  size_t shm_chunk_bytes = 0;                                    // 0: CHORUS_SHM_CHUNK_BYTES or its default
-  // Whether shared memory may read this rank's peers' buffers directly (process_vm_readv) for the
-  // message sizes where that is faster; nullopt: CHORUS_SHM_SINGLE_COPY, and if that is unset,
-  // only on CPUs where it was measured faster. A "no" on any rank holds for the whole group; rank
-  // 0's "yes" or "no" decides whether the group tries at all.
-  std::optional<bool> shm_single_copy;
-  // Whether shared memory writes large messages (4 MiB per rank and up) into its slots with
-  // streaming stores, which pays where the ranks' cores do not share a cache; nullopt:
-  // CHORUS_SHM_STREAM_SLOTS, and if that is unset, rank 0 times both kinds as the job runs and
-  // uses the faster (in a group with a core for every rank; normal stores otherwise). Rank 0's
-  // setting decides for the group.
-  std::optional<bool> shm_stream_slots;
+  ShmOptions shm;                                                // the shared-memory engine's tuning
 };
 
 using Timeout = std::optional<std::chrono::milliseconds>;
@@ -81,29 +72,6 @@ struct AsyncOptions {
   bool on_caller = false;
 };
 
-// Note [Symmetric memory]: one buffer per rank, of the same size, allocated together by the whole
-// group (Communicator::alloc_symmetric). On the shared-memory backend every rank maps every
-// rank's buffer, so a collective whose buffers lie in symmetric memory on every rank moves data
-// straight between the ranks' buffers instead of staging it through the group's slots: a large
-// all_reduce then reads and writes each byte once, like a memcpy. On other backends it is
-// ordinary memory and collectives on it run as on any other buffer. Zero-filled.
-//
-// A copyable handle: the memory lives until the last copy is gone (or longer, while peers still
-// map it; never less). Destroying it does not communicate.
-class SymmetricMemory {
- public:
-  SymmetricMemory() = default;
-  SymmetricMemory(std::shared_ptr<void> owner, void* data, size_t size)
-      : owner_(std::move(owner)), data_(data), size_(size) {}
-  void* data() const { return data_; }
-  size_t size() const { return size_; }
-
- private:
-  std::shared_ptr<void> owner_;  // unmaps (and forgets) the buffer when the last copy goes
-  void* data_ = nullptr;
-  size_t size_ = 0;
-};
-
 class Communicator {
  public:
   // Collective over `size` processes that pass the same store (or stores of one server) and
@@ -111,6 +79,8 @@ class Communicator {
   // absent ranks). Throws InvalidArgument for a bad rank/size or backend name.
   static std::shared_ptr<Communicator> create(std::shared_ptr<Store> store, int rank, int size,
                                               CommunicatorOptions options = {});
+  // Without shutdown() first, pays what this rank still owes its last call (as shutdown() does,
+  // waiting kFinishOnDestroy at most) and logs what that finds to stderr. Never throws.
   ~Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
@@ -167,6 +137,17 @@ class Communicator {
   // place in the group's next collective, whatever the others call, so that every rank raises
   // InvalidArgument carrying "`operation` on group '<name>' (rank r): `why`". Always throws.
   [[noreturn]] void reject(const std::string& operation, const std::string& why, Timeout timeout = {});
+  // Leaves the group, as destroy_process_group does. Waits for the submitted work, then for what
+  // this rank still owes its last call: a rank that received nothing after a call's last phase
+  // left it before the others were done and before the call was compared (Note [Owed waits]).
+  // Throws what that finds: CollectiveMismatch when the last call differed between the ranks,
+  // PeerFailure or TimeoutError (after `timeout`, default the group's) when a peer failed in it or
+  // never made it. Not collective: each rank shuts down when it is done. Later calls throw Error.
+  // Idempotent.
+  void shutdown(Timeout timeout = {});
+  // How long the destructor waits for what shutdown() waits for.
+  static constexpr std::chrono::seconds kFinishOnDestroy{10};
+
   // Collective over this group: a new group of `ranks` (their order gives the new ranks).
   // Returns null on ranks not in the list, after the members have built the new group (so a
   // non-member may exit, taking a store it hosts with it). Groups live independently.

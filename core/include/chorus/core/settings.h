@@ -26,6 +26,8 @@
 #include <optional>
 #include <string>
 
+#include "chorus/core/shm_options.h"
+
 namespace chorus {
 
 using EnvMap = std::map<std::string, std::string>;
@@ -37,10 +39,11 @@ struct Settings {
   std::optional<std::chrono::milliseconds> timeout;
   std::chrono::milliseconds store_timeout{std::chrono::minutes(5)};
   std::string backend = "auto";
-  size_t shm_chunk_bytes = 512 * 1024;
+  // CHORUS_SHM_CHUNK_BYTES, CHORUS_SHM_SINGLE_COPY (nullopt: where measured faster, Note
+  // [Single-copy collectives]), CHORUS_SHM_STREAM_SLOTS (nullopt: measured as the job runs, Note
+  // [Streaming into the slots]).
+  ShmOptions shm{.chunk_bytes = 512 * 1024};
   std::optional<int> shm_spin_us;
-  std::optional<bool> shm_single_copy;   // nullopt: where measured faster (Note [Single-copy collectives])
-  std::optional<bool> shm_stream_slots;  // nullopt: measured as the job runs (Note [Streaming into the slots])
   int log_level = 0;
   size_t recv_cache_bytes = size_t(512) << 20;
 };
