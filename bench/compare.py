@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Runs chorus-bench next to the peers in ../shared/anchors (Open MPI, torch gloo) in one go and
+"""Runs chorus-bench next to its peers in bench/peers (Open MPI, torch gloo) in one go and
 prints, per world size, each one's median time and busbw and chorus's speed-up over each peer.
 chorus runs twice: on ordinary buffers, and (column chorus_sym) on buffers from
 Communicator::alloc_symmetric, which shared memory moves directly between the ranks. The floor,
@@ -11,12 +11,12 @@ MiB input and writes its 64 MiB output while its peer does the same), and chorus
 both floors. With more ranks than cores each core must copy for several ranks, and each floor is
 that many memcpys (printed, and used by the verdicts, as such).
 
-Open MPI runs twice too: the anchor as shipped (column mpi), which never writes its buffers
+Open MPI runs twice too: as programs call it (column mpi, peers/mpi_collectives.c), which never writes its buffers
 again, and bench/mpi_tail.c --fresh (column mpi_fresh), which writes each input before every call
 as chorus-bench does. Only the second is the same workload as chorus's: with unchanged buffers a
 peer's data sits in the reader's cache from the previous call, and Open MPI's single copy moves
 nothing between cores. The verdict "at least as fast as Open MPI" is taken against mpi_fresh;
-where the anchor as shipped is faster is listed beside it.
+where Open MPI as programs call it is faster is listed beside it.
 
   bench/compare.py --build build [--np 2,4,8] [--gloo-np 2] [--repeat 3] [--out bench-results] [--load]
 
@@ -24,7 +24,7 @@ where the anchor as shipped is faster is listed beside it.
 the 95th percentile next to the median, chorus against Open MPI (bench/mpi_tail.c): how much a
 rank that spins loses when a core is not its own.
 
-The barrier is compared by its median, as the anchor reports it, and by its mean over the 1000
+The barrier is compared by its median, as mpi_collectives.c reports it, and by its mean over the 1000
 calls: with more ranks than cores rank 0's barrier times split in two groups (the calls it reached
 last, and those in which it waited for its core to come back), and the median lands on either.
 
@@ -79,13 +79,22 @@ def chorus_rows(build, world, ops, out, symmetric=False):
     return rows
 
 
-def tail_rows(text):
-    """mpi_tail's 'op bytes median_us p95_us mean_us' lines -> {(op, bytes): (median_us, 0, p95_us, mean_us)}."""
+def busbw(op, size, world, us):
+    """nccl-tests' bus bandwidth in GB/s of a call of `size` bytes per rank that took `us`."""
+    if op == "barrier" or us <= 0:
+        return 0.0
+    factor = {"all_reduce": 2 * (world - 1) / world, "all_gather": world * (world - 1) / world}.get(op, 1.0)
+    return size / (us * 1e-6) / 1e9 * factor
+
+
+def tail_rows(text, world):
+    """mpi_tail's 'op bytes median_us p95_us mean_us' lines -> {(op, bytes): (median_us, busbw, p95_us, mean_us)}."""
     rows = {}
     for line in text.splitlines():
         parts = line.split()
         if len(parts) == 5 and parts[0] != "op":
-            rows[(parts[0], int(parts[1]))] = (float(parts[2]), 0.0, float(parts[3]), float(parts[4]))
+            op, size, med = parts[0], int(parts[1]), float(parts[2])
+            rows[(op, size)] = (med, busbw(op, size, world, med), float(parts[3]), float(parts[4]))
     return rows
 
 
@@ -121,18 +130,17 @@ def cpu_load(on):
 def main():
     ap = runner.parser(__doc__, "2,4,8")
     ap.add_argument("--gloo-np", default="2")
-    ap.add_argument("--python", default=runner.default_python(), help="the Python with torch for the gloo anchor "
+    ap.add_argument("--python", default=runner.default_python(), help="the Python with torch for the gloo peer "
                     "(default: the project's .venv)")
     ap.add_argument("--load", action="store_true", help="a CPU-bound process beside the benchmarks; p95 tables")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    anchors = os.path.abspath(args.anchors)
 
     mpi_bin, membw_bin = os.path.join(args.out, "mpi_bench"), os.path.join(args.out, "membw")
     tail_bin = os.path.join(args.out, "mpi_tail")  # Open MPI on chorus-bench's workload, with p95
-    runner.run(["mpicc", "-O2", os.path.join(anchors, "mpi_bench.c"), "-o", mpi_bin])
+    runner.run(["mpicc", "-O2", os.path.join(runner.PEERS, "mpi_collectives.c"), "-o", mpi_bin])
     runner.run(["mpicc", "-O2", os.path.join(runner.HERE, "mpi_tail.c"), "-o", tail_bin])
-    runner.run(["gcc", "-O3", "-march=native", os.path.join(anchors, "membw.c"), "-o", membw_bin])
+    runner.run(["gcc", "-O3", "-march=native", os.path.join(runner.PEERS, "membw.c"), "-o", membw_bin])
     pair_bin = os.path.join(args.out, "membw_pair")
     runner.run(["gcc", "-O3", "-march=native", os.path.join(runner.HERE, "membw_pair.c"), "-o", pair_bin])
     mpirun = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np"]
@@ -157,12 +165,13 @@ def main():
                 runs["chorus_sym"].append(
                     chorus_rows(args.build, world, ["all_reduce", "all_gather"], args.out, symmetric=True))
                 runs["mpi_fresh"].append(tail_rows(runner.run(mpirun + [str(world), tail_bin, "--fresh"],
-                                                              log=os.path.join(args.out, f"mpi_fresh_w{world}_{r}.txt"))))
+                                                              log=os.path.join(args.out, f"mpi_fresh_w{world}_{r}.txt")),
+                                                   world))
                 if not args.load:
                     runs["mpi"].append(parse_table(runner.run(mpirun + [str(world), mpi_bin],
                                                               log=os.path.join(args.out, f"mpi_w{world}_{r}.txt"))))
             if with_gloo:
-                runs["gloo"].append(parse_table(runner.run([args.python, os.path.join(anchors, "torch_gloo_bench.py"), str(world)],
+                runs["gloo"].append(parse_table(runner.run([args.python, os.path.join(runner.PEERS, "torch_collectives.py"), str(world)],
                                                     env=env1, log=os.path.join(args.out, f"gloo_w{world}_{r}.txt"))))
         results = {impl: runner.medians(tables) for impl, tables in runs.items()}
         floor = runner.medians([{"floor": f} for f in floors])["floor"]
@@ -240,14 +249,14 @@ def main():
         check("every op and size at least as fast as Open MPI (same workload) and gloo"
               + (f" (slower: {', '.join(losers)})" if losers else ""), not losers)
         stale = slower_than(["mpi"])
-        print("where the anchor as shipped (buffers never written again) is faster: " + (", ".join(stale) or "nowhere"))
+        print("where Open MPI on buffers never written again is faster: " + (", ".join(stale) or "nowhere"))
         check("64 MiB all_reduce (ordinary buffers) >= 80% of the one-core memcpy floor"
               + (f" (x{per_core:g}: {world} ranks on {cores} cores)" if per_core > 1 else ""),
               per_core * floor >= 0.8 * big_ordinary)
         check("64 MiB all_reduce (ordinary buffers) >= 80% of the floor for ranks copying at once (membw_pair)",
               at_once >= 0.8 * big_ordinary)
 
-        ch, mp = results["chorus"], results["mpi"]  # the anchor as shipped
+        ch, mp = results["chorus"], results["mpi"]  # Open MPI on buffers never written again
         check("barrier <= Open MPI", ch[("barrier", 0)][0] <= mp[("barrier", 0)][0])
         # With more ranks than cores rank 0's barrier times split in two groups (bench/chorus_bench.cc)
         # and the median lands on either; the mean is what a loop of barriers pays.

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Runs chorus-torch-bench and chorus-ddp-bench next to torch's own object broadcast and DDP
-(../shared/anchors/torch_object_bench.py and torch_ddp_bench.py, gloo, the project's .venv) and
+(bench/peers/torch_objects.py and torch_ddp.py, gloo, the project's .venv) and
 prints the torch layer's ratios and targets.
 
   bench/compare_torch.py --build build [--np 2,4] [--repeat 3] [--out bench-results]
@@ -46,13 +46,13 @@ def main():
     for _ in range(args.repeat):
         ddp_runs.append(chorus_cases(run([os.path.join(args.build, "bench", "chorus-ddp-bench"), "--np", "2"],
                                          os.path.join(args.out, "chorus-ddp.txt"))))
-        out = run([runner.default_python(), os.path.join(args.anchors, "torch_ddp_bench.py"), "2"],
+        out = run([runner.default_python(), os.path.join(runner.PEERS, "torch_ddp.py"), "2"],
                   os.path.join(args.out, "torch-ddp.txt"))
         torch_ddp_runs.append({"ddp": float(m.group(1)) for m in re.finditer(r"median_ms=([\d.]+)", out)})
         for w in worlds:
             runs[w].append(chorus_cases(run([bench, "--np", str(w), "--iters", "20"],
                                             os.path.join(args.out, f"chorus-torch-np{w}.txt"))))
-        script = os.path.join(args.anchors, "torch_object_bench.py")
+        script = os.path.join(runner.PEERS, "torch_objects.py")
         torch_runs.append(torch_cases(run([runner.default_python(), script, "2"], os.path.join(args.out, "torch-object.txt"))))
 
     torch_obj = runner.medians(torch_runs)

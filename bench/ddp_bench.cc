@@ -1,6 +1,6 @@
 // chorus-ddp-bench: step time of the reference MLP (Linear(2048,2048)-ReLU x3, Linear(2048,10):
 // 12.6M parameters) under chorus's DistributedDataParallel, the workload of
-// ../shared/anchors/torch_ddp_bench.py (per-rank batch 64, SGD lr 0.01, synthetic data seeded by
+// bench/peers/torch_ddp.py (per-rank batch 64, SGD lr 0.01, synthetic data seeded by
 // rank, one intra-op thread, 5 warm-up and 30 timed steps). Also runs it with gradient sync only
 // after backward (no overlap) and without any sync, to show how much communication backward hides.
 // Starts its own ranks (Fabric::launch) unless a launcher did.

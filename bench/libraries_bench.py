@@ -3,7 +3,7 @@ runs every case on gloo and chorus at W=2 and W=4, interleaved):
 
   torchrun --nproc-per-node W bench/libraries_bench.py fabric|accelerate|dcp --backend gloo|chorus
 
-fabric, accelerate: a DDP training step on the reference MLP of ../shared/anchors/torch_ddp_bench.py
+fabric, accelerate: a DDP training step on the reference MLP of bench/peers/torch_ddp.py
   (Linear(2048,2048)-ReLU x3, Linear(2048,10); batch 64 per rank, SGD), through Fabric
   (DDPStrategy(process_group_backend=...)) or Accelerate (the group started first, then
   Accelerator(cpu=True)); the step and the step under no_sync (Fabric's no_backward_sync,
@@ -11,7 +11,7 @@ fabric, accelerate: a DDP training step on the reference MLP of ../shared/anchor
   the slowest rank's time per step, median over blocks); exposed communication = the step minus
   the no_sync step.
 dcp: torch.distributed.checkpoint save and load of the 100.7M-parameter MLP of
-  ../shared/anchors/torch_zero_bench.py, FSDP2-sharded (fully_shard per Linear), with Adam's
+  bench/peers/torch_zero.py, FSDP2-sharded (fully_shard per Linear), with Adam's
   state after one step (1.13 GiB over all ranks), to a fresh directory under $TMPDIR, after an
   os.sync() (the pages a previous save left dirty would otherwise be written during this one);
   median of 3.
@@ -21,6 +21,7 @@ import contextlib
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 import warnings
@@ -29,12 +30,10 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers"))
+from common import reference_mlp  # noqa: E402  (bench/peers/common.py)
+
 warnings.filterwarnings("ignore")
-
-
-def reference_mlp():
-    return nn.Sequential(nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(),
-                         nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 10))
 
 
 def timed_pairs(step, local_step, blocks=8, warmup=2, k=5):

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The seeds' libraries on gloo and on chorus, in one run: a Fabric and an Accelerate DDP step
 # (with their exposed communication) and DCP's save and load (bench/libraries_bench.py), FSDP2's
-# step and peak RSS on the 100.7M-parameter MLP (../shared/anchors/torch_zero_bench.py --modes
+# step and peak RSS on the 100.7M-parameter MLP (bench/peers/torch_zero.py --modes
 # fsdp2), and chorus's C++ FullShard on the same model (chorus-sharded-bench), at each world size.
 # The programs meet on torch's TCPStore, which listens on every address: as root, everything
 # runs in a network namespace whose only interface is loopback.
@@ -10,7 +10,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-"$root/build"}
 worlds=${2:-"2 4"}
-anchors=${ANCHORS:-"$root/../shared/anchors"}
+peers="$root/bench/peers"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 PYTHONPATH="$build/python/site"
 py=${CHORUS_PYTHON:-"$root/.venv/bin/python"}
 
@@ -31,7 +31,7 @@ for world in $worlds; do
     done
   done
   for backend in gloo chorus; do
-    "${netns[@]}" "$py" "$anchors/torch_zero_bench.py" "$world" --backend "$backend" --modes fsdp2 | grep -v "^\[" || true
+    "${netns[@]}" "$py" "$peers/torch_zero.py" "$world" --backend "$backend" --modes fsdp2 | grep -v "^\[" || true
   done
   "${netns[@]}" "$build/bench/chorus-sharded-bench" --world "$world" --modes full_shard_units | grep -v "^#" || true
 done

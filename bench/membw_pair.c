@@ -1,6 +1,6 @@
 /* The memory floor when ranks copy at once: N processes (default 2) each memcpy 64 MiB between
    buffers of their own, all starting together; prints the best round's time of the slowest one.
-   membw.c (../shared/anchors) times one core alone; every rank of a collective copies at the same
+   peers/membw.c times one core alone; every rank of a collective copies at the same
    time as its peers, sharing the caches and the memory bus: this tells whether each core keeps its
    own speed when the others copy too. bench/compare.py prints both.
    Build: gcc -O3 -march=native membw_pair.c -o membw_pair; run: membw_pair [N]

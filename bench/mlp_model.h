@@ -1,5 +1,5 @@
 // The model of chorus-sharded-bench and chorus-checkpoint-bench (and of
-// ../shared/anchors/torch_zero_bench.py): Linear(H,H)-ReLU x6 then Linear(H,10), seed 0.
+// bench/peers/torch_zero.py): Linear(H,H)-ReLU x6 then Linear(H,10), seed 0.
 // H = 4096: 100.7M f32 parameters. Other depths (`layers`) give models of many small parameters.
 #pragma once
 

@@ -1,6 +1,6 @@
 /* Open MPI's collectives timed one call at a time, for bench/compare.py: rank 0's median and 95th
    percentile per op and size, with chorus-bench's iteration counts, percentile rule and barriers
-   before and after each call (../shared/anchors/mpi_bench.c prints medians only).
+   before and after each call (peers/mpi_collectives.c prints medians only).
    With --fresh, each rank writes its input before every call, as chorus-bench does (and a
    broadcast's receivers overwrite their buffer): a training step's tensors are always new. The
    anchor never writes its buffers again, so from the second call on a peer's data is already in

@@ -15,9 +15,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-STYLE = {"chorus": ("tab:blue", "o"), "chorus_sym": ("tab:purple", "D"), "mpi": ("tab:orange", "s"),
-         "gloo": ("tab:green", "^")}
-LABEL = {"chorus": "chorus (shm)", "chorus_sym": "chorus, symmetric buffers", "mpi": "Open MPI", "gloo": "torch gloo"}
+STYLE = {"chorus": ("tab:blue", "o"), "chorus_sym": ("tab:purple", "D"), "mpi_fresh": ("tab:red", "v"),
+         "mpi": ("tab:orange", "s"), "gloo": ("tab:green", "^")}
+LABEL = {"chorus": "chorus (shm)", "chorus_sym": "chorus, symmetric buffers",
+         "mpi_fresh": "Open MPI, inputs written before each call", "mpi": "Open MPI, buffers written once",
+         "gloo": "torch gloo"}
 
 
 def main():
@@ -38,7 +40,7 @@ def main():
     ops = args.ops.split(",")
     fig, axes = plt.subplots(1, len(ops), figsize=(5 * len(ops), 4), sharey=True)
     for ax, op in zip(axes, ops):
-        for impl in ("chorus", "chorus_sym", "mpi", "gloo"):
+        for impl in STYLE:
             pts = sorted(series.get((op, impl), []))
             if not pts:
                 continue

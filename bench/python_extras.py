@@ -1,4 +1,4 @@
-"""What ../shared/anchors does not time, for backends gloo and chorus alike: reduce_scatter_tensor
+"""What bench/peers does not time, for backends gloo and chorus alike: reduce_scatter_tensor
 and all_gather_into_tensor of 64 MiB (what FSDP2 calls), and DDP's exposed communication on the
 reference MLP (Linear(2048,2048)-ReLU x3, Linear(2048,10); batch 64 per rank, SGD): the median step
 minus the median step under no_sync, in the same processes, interleaved. Its parts: the all_reduce
@@ -15,8 +15,11 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers"))
+import common  # noqa: E402
+from common import reference_mlp  # noqa: E402
 
 
 def median_time(fn, iters, warmup=2):
@@ -30,11 +33,6 @@ def median_time(fn, iters, warmup=2):
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
-
-
-def reference_mlp():
-    return nn.Sequential(nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 2048),
-                         nn.ReLU(), nn.Linear(2048, 10))
 
 
 def exposed(rank, gradient_as_bucket_view):
@@ -62,12 +60,7 @@ def exposed(rank, gradient_as_bucket_view):
     return statistics.median(synced[2:]), statistics.median(local[2:])
 
 
-def worker(rank, world, port, backend):
-    if backend == "chorus":
-        import chorus_torch  # noqa: F401
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group(backend, rank=rank, world_size=world)
+def body(rank, world, backend, args):
     out = []
     n = (64 << 20) // 4
     big = torch.ones(n)
@@ -97,14 +90,7 @@ def worker(rank, world, port, backend):
         print(f"# {backend}, torch {torch.__version__}, {world} ranks")
         for line in out:
             print(line)
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    backend = "gloo"
-    if "--backend" in sys.argv:
-        i = sys.argv.index("--backend")
-        backend = sys.argv[i + 1]
-        del sys.argv[i:i + 2]
-    world = int(sys.argv[1]) if len(sys.argv) > 1 else 2
-    mp.spawn(worker, args=(world, 29513, backend), nprocs=world)
+    common.spawn(body, common.arguments(__doc__))

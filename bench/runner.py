@@ -7,13 +7,13 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+PEERS = os.path.join(HERE, "peers")  # the peers' benchmarks: Open MPI, torch gloo, torch DDP/ZeRO/FSDP2, memcpy
 
 
 def parser(doc, np_default):
-    """The flags every comparison takes: --build, --anchors, --np, --repeat, --out."""
+    """The flags every comparison takes: --build, --np, --repeat, --out."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default=os.path.join(HERE, "..", "build"))
-    ap.add_argument("--anchors", default=os.path.join(HERE, "..", "..", "shared", "anchors"))
     ap.add_argument("--np", default=np_default, help="world sizes, comma-separated")
     ap.add_argument("--repeat", type=int, default=1, help="run everything N times, interleaved; report medians")
     ap.add_argument("--out", default="bench-results")

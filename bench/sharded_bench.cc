@@ -1,5 +1,5 @@
 // chorus-sharded-bench: step time, peak RSS and model-state bytes of sharded data parallel, the
-// workload of ../shared/anchors/torch_zero_bench.py: Linear(H,H)-ReLU x6 then Linear(H,10)
+// workload of bench/peers/torch_zero.py: Linear(H,H)-ReLU x6 then Linear(H,10)
 // (H = 4096: 100.7M parameters, f32), Adam lr 1e-4, per-rank batch 16 seeded by rank, one
 // intra-op thread, 2 warm-up and 8 timed steps. One line per mode:
 //   <mode> world=<W> params=<n> median_ms=<x> peak_rss_mib=<x> model_state_mib=<x>

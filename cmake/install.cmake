@@ -20,6 +20,7 @@ configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/chorusConfig.cmake.in
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/chorusConfigVersion.cmake COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/chorusConfig.cmake ${PROJECT_BINARY_DIR}/chorusConfigVersion.cmake
         DESTINATION ${chorus_config_dir})
+install(FILES ${PROJECT_SOURCE_DIR}/cmake/torch_cpu.cmake DESTINATION ${chorus_config_dir} RENAME chorus_torch_cpu.cmake)
 
 # CI checks that an out-of-tree project builds against the installed package and runs.
 if(CHORUS_BUILD_TESTS AND CHORUS_BUILD_TORCH)

@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # Installs what chorus needs to build, test and benchmark, when missing: Debian packages with apt,
 # and the project's Python environment (a venv with torch 2.13 and the test tools) with pip.
-# Usage: scripts/install-deps.sh [--bench]   (--bench adds matplotlib for bench/plot.py)
-#   CHORUS_VENV=DIR   where the venv lives (default: .venv in the repository); CMake finds it there.
+# Usage: scripts/install-deps.sh [--bench] [--torch 2.14]
+#   --bench        adds matplotlib for bench/plot.py
+#   --torch 2.14   a second environment, .venv-2.14, with torch 2.14.1 (a CUDA build of 5.4 GB,
+#                  which runs on the CPU) and what the Python package's tests need, for the build
+#                  that checks chorus against 2.14 (scripts/test.sh)
+#   CHORUS_VENV=DIR   where the venv lives (default: .venv, or .venv-2.14 with --torch 2.14); CMake
+#                     finds .venv by itself.
 #
 # LibTorch comes from the torch wheel (torch/share/cmake, its headers and libraries): Debian's
 # libtorch-dev and python3-torch (1.13) are not used. torch is pinned: an unpinned one would pull
@@ -32,10 +37,20 @@ if [[ ${#missing[@]} -gt 0 ]]; then
 fi
 
 requirements=("$root/python/requirements-test.txt")
-if [[ "${1:-}" == "--bench" ]]; then
-  requirements+=("$root/python/requirements-bench.txt")
-fi
 nodeps="$root/python/requirements-nodeps.txt"  # installed without their dependencies
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --bench) requirements+=("$root/python/requirements-bench.txt") ;;
+    --torch)
+      [[ "${2:-}" == "2.14" ]] || { echo "install-deps.sh: --torch takes 2.14 (2.13 is the default)" >&2; exit 2; }
+      requirements=("$root/python/requirements-torch2.14.txt")
+      nodeps=/dev/null
+      venv=${CHORUS_VENV:-"$root/.venv-2.14"}
+      shift ;;
+    *) echo "install-deps.sh: unknown argument $1 (--bench, --torch 2.14)" >&2; exit 2 ;;
+  esac
+  shift
+done
 # The venv is current when it holds what every requirements file asks for (a stamp per file).
 stamp="$venv/.chorus-requirements"
 wanted=$(cat "${requirements[@]}" "$nodeps" | sha256sum | cut -d' ' -f1)
@@ -49,5 +64,5 @@ fi
 args=()
 for r in "${requirements[@]}"; do args+=(-r "$r"); done
 "$venv/bin/python" -m pip install -q --disable-pip-version-check "${args[@]}"
-"$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps -r "$nodeps"
+[[ "$nodeps" == /dev/null ]] || "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps -r "$nodeps"
 echo "$wanted" >> "$stamp"

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Builds chorus and runs every test: the README's test command, and what CI runs.
-# Then builds the core again with AddressSanitizer and UndefinedBehaviorSanitizer and runs the
+# Then builds chorus against torch 2.14 and runs the Python package's tests and a C++ consumer on
+# it; then builds the core again with AddressSanitizer and UndefinedBehaviorSanitizer and runs the
 # core's tests under them, and the test of torch's gloo and chorus's in one Python process with
 # the sanitized chorus_torch.
-# Usage: scripts/test.sh [build-dir]      (the sanitized build goes to <build-dir>-sanitize)
+# Usage: scripts/test.sh [build-dir]      (the 2.14 build goes to <build-dir>-torch2.14, the
+#                                          sanitized one to <build-dir>-sanitize)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 # nproc obeys OMP_NUM_THREADS, which the tests set to 1: count the cores without it.
@@ -16,6 +18,18 @@ cmake --build "$build" -j "$jobs"
 # Tests start real processes; more ranks than cores is intended. One BLAS/OpenMP thread each.
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 (cd "$build" && ctest --output-on-failure -j "$jobs" --timeout 900)
+
+echo "== torch 2.14 (a CUDA build, on the CPU): the Python package's tests and a C++ consumer"
+# The whole suite ran above on torch 2.13; here chorus builds against 2.14.1 from its own
+# environment, and the backend's tests, torch's suite at W=2, the package as pip builds and
+# installs it, and a find_package(chorus) consumer run on it.
+"$root/scripts/install-deps.sh" --torch 2.14
+build214="$build-torch2.14"
+cmake -S "$root" -B "$build214" -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$root/.venv-2.14/bin/python" \
+  -DCHORUS_BUILD_BENCH=OFF -DCHORUS_BUILD_EXAMPLES=OFF
+cmake --build "$build214" -j "$jobs" --target chorus_torch_ext chorusrun chorus_torch
+(cd "$build214" && ctest --output-on-failure -j "$jobs" --timeout 900 \
+  -R '^(python_(smoke|backend|collectives|fsdp2|pip_package)|torch_suite_w2|install_and_find_package)$')
 
 echo "== the core's tests, and two gloos in one process, under -fsanitize=address,undefined"
 sanitized="$build-sanitize"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Python package as a user gets it: `pip wheel --no-build-isolation` builds chorus_torch and
-# chorusrun against the torch of the given Python's environment, then a fresh virtual environment
+# chorusrun against the torch of the given Python's environment (twice, from one build directory), then a fresh virtual environment
 # installs torch and that wheel (which requires exactly the torch it was built against), and
 # chorusrun from the wheel starts two ranks that use backend "chorus" without importing
 # chorus_torch (the .pth the wheel installs loads it after torch).
@@ -12,11 +12,20 @@ rm -rf "$work"
 mkdir -p "$work"
 jobs=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 
-echo "== pip wheel --no-build-isolation $root"
-CMAKE_BUILD_PARALLEL_LEVEL=$jobs "$python" -m pip wheel --no-build-isolation --no-deps -q -w "$work/dist" \
-  -C build-dir="$work/build" "$root" 2>&1 | grep -v "^WARNING: Location" || true
-wheel=$(ls "$work"/dist/chorus_torch-*.whl)
-echo "built $(basename "$wheel")"
+# Twice from the same build directory, as a second install from one clone does (after a git
+# pull, say): the second wheel must hold the same package, not chorusrun alone.
+for round in first second; do
+  echo "== pip wheel --no-build-isolation $root ($round time)"
+  rm -rf "$work/dist"
+  CMAKE_BUILD_PARALLEL_LEVEL=$jobs "$python" -m pip wheel --no-build-isolation --no-deps -q -w "$work/dist" \
+    -C build-dir="$work/build" "$root" 2>&1 | grep -v "^WARNING: Location" || true
+  wheel=$(ls "$work"/dist/chorus_torch-*.whl)
+  contents=$(unzip -l "$wheel")
+  for part in chorus_torch/_C chorus_torch/__init__.py chorus_torch.pth chorus_torch_autoload.py /chorusrun; do
+    grep -q "$part" <<< "$contents" || { echo "FAILED: the $round wheel has no $part"; echo "$contents"; exit 1; }
+  done
+  echo "built $(basename "$wheel"): extension, package, .pth hook and chorusrun"
+done
 # Read whole before grepping: the metadata carries the README, larger than a pipe's buffer, and a
 # grep -q that stops at its match would leave unzip writing into a closed pipe (SIGPIPE, which
 # pipefail turns into a failure).

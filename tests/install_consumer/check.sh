@@ -11,6 +11,14 @@ cmake --install "$build" --prefix "$work/prefix" > /dev/null
 cmake -S "$here" -B "$work/consumer" -DCMAKE_PREFIX_PATH="$work/prefix" -DCMAKE_BUILD_TYPE=Release > /dev/null
 cmake --build "$work/consumer" > /dev/null
 OMP_NUM_THREADS=1 "$work/consumer/consumer"
+# What cmake --install put in bin/ starts (the torch benchmarks find the LibTorch they were built
+# against), and runs.
+for tool in "$work/prefix/bin/"*; do
+  "$tool" --help > /dev/null || { echo "check.sh: installed $(basename "$tool") does not start" >&2; exit 1; }
+done
+if [[ -x "$work/prefix/bin/chorus-ddp-bench" ]]; then
+  OMP_NUM_THREADS=1 "$work/prefix/bin/chorus-ddp-bench" --np 2 --warmup 1 --steps 1 > /dev/null
+fi
 
 # The Python package, when built: its .pth hook loads chorus_torch after torch, with no import.
 site=$(find "$work/prefix" -name chorus_torch.pth -printf '%h\n' | head -1)
