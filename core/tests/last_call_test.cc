@@ -93,6 +93,28 @@ TEST_P(LastCall, ShutdownAfterMatchingCallsReturnsAndLaterCallsFail) {
   }));
 }
 
+// Rank 0 sends twice without waiting and shuts down at once; rank 1 receives a moment later. The
+// second send starts only when the first is received, long after shutdown() began, which waits
+// for both: leaving first would strand them (rank 1 would hear "rank 0 left").
+TEST_P(LastCall, ShutdownWaitsForTheSendsInFlight) {
+  expect_all_ok(run_ranks(2, [&](RankContext& ctx) {
+    auto comm = Communicator::create(ctx.store, ctx.rank, ctx.world, options(20s));
+    std::vector<float> first(1 << 20, ctx.rank == 0 ? 3.0f : 0.0f), second(1 << 20, ctx.rank == 0 ? 4.0f : 0.0f);
+    if (ctx.rank == 0) {
+      auto a = comm->send_async(first.data(), first.size(), DataType::Float32, 1);
+      auto b = comm->send_async(second.data(), second.size(), DataType::Float32, 1);
+      comm->shutdown();
+      RANK_CHECK(a->is_success() && b->is_success());
+    } else {
+      std::this_thread::sleep_for(300ms);
+      comm->recv(first.data(), first.size(), DataType::Float32, 0);
+      comm->recv(second.data(), second.size(), DataType::Float32, 0);
+      RANK_CHECK(first.back() == 3.0f && second.back() == 4.0f);
+      comm->shutdown();
+    }
+  }));
+}
+
 std::shared_ptr<Communicator> shm_group(RankContext& ctx) {
   CommunicatorOptions o;
   o.backend = "shm";

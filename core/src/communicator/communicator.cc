@@ -113,22 +113,26 @@ Communicator::~Communicator() {
 }
 
 void Communicator::shutdown(Timeout timeout) {
-  order_->drain();
-  std::lock_guard<std::mutex> lock(call_mu_);
+  order_->drain();                             // submitted collectives
+  order_->wait_transfers();                    // sends and receives in flight: they may still be owed to a peer
+  std::lock_guard<std::mutex> lock(call_mu_);  // no collective runs while the owed wait is paid
+  if (aborted_.load()) return;                 // already shut down or failed: nothing is owed
   std::exception_ptr found;
+  try {
+    backend_->finish(coarse_now() + timeout.value_or(options_.timeout));
+  } catch (const Error&) {
+    found = std::current_exception();
+  }
   {
+    // Later calls fail at once. Peers are not told: this rank left in order (~ShmGroup marks it
+    // as left when the communicator goes).
     std::lock_guard<std::mutex> state(state_mu_);
-    if (aborted_.load()) return;  // already shut down or failed: the group owes nothing more
-    try {
-      backend_->finish(coarse_now() + timeout.value_or(options_.timeout));
-    } catch (const Error&) {
-      found = std::current_exception();
+    if (!failed_) {
+      failed_ = found ? found
+                      : std::make_exception_ptr(
+                            Error(detail::concat("group '", options_.name, "' was shut down on rank ", rank_)));
+      aborted_.store(true, std::memory_order_release);
     }
-    // Later calls fail at once; peers are not told (this rank left in order, as ~ShmGroup says).
-    failed_ = found ? found
-                    : std::make_exception_ptr(
-                          Error(detail::concat("group '", options_.name, "' was shut down on rank ", rank_)));
-    aborted_.store(true, std::memory_order_release);
   }
   if (found) std::rethrow_exception(found);
 }

@@ -181,4 +181,18 @@ std::shared_ptr<Work> CallOrder::in_turn_async(const Call& c, std::function<void
   return work;
 }
 
+void CallOrder::wait_transfers() {
+  std::vector<std::shared_ptr<Work>> started;
+  {
+    std::lock_guard<std::mutex> lock(p2p_mu_);
+    for (const auto& entry : transfers_) started.push_back(entry.second);
+  }
+  for (const auto& work : started) {
+    try {
+      work->wait();
+    } catch (...) {  // the transfer's own error, which its Work keeps for whoever waits for it
+    }
+  }
+}
+
 }  // namespace chorus

@@ -66,6 +66,9 @@ class CallOrder {
   // in_turn on a thread of its own: returns at once with the transfer's Work (async.handle, or a
   // new one), which finishes after `move` and async.then.
   std::shared_ptr<Work> in_turn_async(const Call& c, std::function<void()> move, AsyncOptions async = {});
+  // Blocks until every transfer in_turn_async started so far has finished (each ends by its own
+  // deadline at the latest); their errors stay in their Works.
+  void wait_transfers();
 
  private:
   size_t channel(OpKind kind, int peer) const;

@@ -50,7 +50,9 @@ int create_shm_object(const std::string& who, const std::string& name, size_t by
 // lines. A peer that reaches a call late, after the others posted it and gave up on it, finds
 // every phase it waits for already posted and never looks at their state; it reads the flag in
 // the line it just read the phase from, and raises as they did instead of returning a result
-// its peers have disowned.
+// its peers have disowned. (Both lines, because the aborting thread need not be the one that
+// knows the current call: a peer still finishing the call before may raise too, in a group that
+// is aborted either way.) Reading the flag costs nothing: the line is already in the cache.
 enum CallLineFlags : uint32_t {
   kLineStreams = 1,  // rank 0's: this call writes its large message into the slots with
                      // streaming stores (Note [Streaming into the slots])

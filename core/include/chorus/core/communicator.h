@@ -137,7 +137,8 @@ class Communicator {
   // place in the group's next collective, whatever the others call, so that every rank raises
   // InvalidArgument carrying "`operation` on group '<name>' (rank r): `why`". Always throws.
   [[noreturn]] void reject(const std::string& operation, const std::string& why, Timeout timeout = {});
-  // Leaves the group, as destroy_process_group does. Waits for the submitted work, then for what
+  // Leaves the group, as destroy_process_group does. Waits for the submitted work and the sends
+  // and receives in flight (each until its own deadline at most), then for what
   // this rank still owes its last call: a rank that received nothing after a call's last phase
   // left it before the others were done and before the call was compared (Note [Owed waits]).
   // Throws what that finds: CollectiveMismatch when the last call differed between the ranks,
