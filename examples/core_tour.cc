@@ -25,6 +25,7 @@ int main() {
   const float want = float(comm->size() + 1) / 2;
   std::printf("rank %d of %d (%s): mean %.2f (want %.2f), in the even group: %s\n", comm->rank(), comm->size(),
               std::string(chorus::to_string(env.launcher)).c_str(), grad[0], want, even ? "yes" : "no");
-  comm->barrier();  // keep rank 0's store up until everyone is done
+  comm->barrier();   // keep rank 0's store up until everyone is done
+  comm->shutdown();  // leaves in order: raises what the last call left unchecked
   return grad[0] == want ? 0 : 1;
 }

@@ -1,6 +1,6 @@
 // ProcessGroup: the collectives of the C++ API, each written once (Note [One body per collective],
 // prepared_call.h). torch.distributed's list and coalesced forms live in list_collectives.cc, the
-// default group in ../default_group.cc.
+// default group in default_group.cc.
 #include "chorus/process_group.h"
 
 #include "groups/process_group/prepared_call.h"
