@@ -33,6 +33,7 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -96,14 +97,15 @@ class ShmGroup {
                      const Call& c, What&& what) {
     if (ready()) return;  // the vector of peers is built only when a wait checks on them
     wait_until(ready, word, waiters, policy_, may_spin(seg_.ctrl(peer).cpu),
-               [&] { check_peers({peer}, what(), c.start, c.deadline); });
+               [&] { check_peers({peer}, what(), c.start, c.deadline, [&](int) { return !ready(); }); });
   }
   // The same, for a call that waits on any of `peers` (a receive from any rank).
   template <class Ready, class What>
   void wait_for_peers(Ready&& ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& waiters,
                       const std::vector<int>& peers, const Call& c, What&& what) {
     if (ready()) return;
-    wait_until(ready, word, waiters, policy_, true, [&] { check_peers(peers, what(), c.start, c.deadline); });
+    wait_until(ready, word, waiters, policy_, true,
+               [&] { check_peers(peers, what(), c.start, c.deadline, [&](int) { return !ready(); }); });
   }
 
   // Single copies (Note [Single-copy collectives]). Whether a call of `kind` moving `bytes` per
@@ -133,9 +135,11 @@ class ShmGroup {
 
  private:
   void compare();  // Note [Comparing calls] on every rank's published call
-  // Throws if the deadline passed, a peer in `awaited` died or left, or any peer aborted.
+  // Throws if the deadline passed, a peer in `awaited` died or left, or any peer aborted. A peer
+  // that died or left is named only while still_waiting(peer) (when given) says this rank still
+  // waits for it: it may have done its part just before it went (Note [Done, then gone]).
   void check_peers(const std::vector<int>& awaited, const std::string& what, Clock::time_point started,
-                   Clock::time_point deadline);
+                   Clock::time_point deadline, const std::function<bool(int)>& still_waiting = {});
   std::string call_name();  // "all_reduce(f32 x 8, sum) (call #12)", built only for messages
   std::string current();    // the current call as its descriptor says
   bool probe_peer_reads();  // Note [Single-copy collectives]
