@@ -31,7 +31,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers"))
-from common import reference_mlp  # noqa: E402  (bench/peers/common.py)
+from common import reference_mlp, wide_mlp  # noqa: E402  (bench/peers/common.py)
 
 warnings.filterwarnings("ignore")
 
@@ -102,10 +102,7 @@ def dcp_case(backend):
     from torch.distributed.fsdp import fully_shard
 
     dist.init_process_group(backend)
-    layers = []
-    for _ in range(6):
-        layers += [nn.Linear(4096, 4096), nn.ReLU()]
-    model = nn.Sequential(*layers, nn.Linear(4096, 10))
+    model = wide_mlp()
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     for layer in model:
         if isinstance(layer, nn.Linear):

@@ -22,19 +22,6 @@ import common  # noqa: E402
 from common import reference_mlp  # noqa: E402
 
 
-def median_time(fn, iters, warmup=2):
-    for _ in range(warmup):
-        fn()
-    dist.barrier()
-    times = []
-    for _ in range(iters):
-        dist.barrier()  # every call from a common start
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def exposed(rank, gradient_as_bucket_view):
     """DDP's median step with sync and under no_sync (s), interleaved step by step."""
     torch.manual_seed(0)
@@ -65,10 +52,10 @@ def body(rank, world, backend, args):
     n = (64 << 20) // 4
     big = torch.ones(n)
     part = torch.empty(n // world)
-    t = median_time(lambda: dist.reduce_scatter_single(part, big), 5)  # reduce_scatter_tensor before torch 2.13
+    t = common.median_seconds(lambda: dist.reduce_scatter_single(part, big), 5, warmup=2, barrier_each=True)  # reduce_scatter_tensor before torch 2.13
     out.append(f"reduce_scatter_tensor 64 MiB in: {t * 1e3:.2f} ms")
     whole = torch.empty(n * world)
-    t = median_time(lambda: dist.all_gather_single(whole, big), 5)  # all_gather_into_tensor before torch 2.13
+    t = common.median_seconds(lambda: dist.all_gather_single(whole, big), 5, warmup=2, barrier_each=True)  # all_gather_into_tensor before torch 2.13
     out.append(f"all_gather_into_tensor 64 MiB per rank: {t * 1e3:.2f} ms")
 
     grads = sum(p.numel() for p in reference_mlp().parameters())  # f32, as DDP's buckets hold them
@@ -78,7 +65,7 @@ def body(rank, world, backend, args):
     else:
         bucket = torch.empty(grads)
     bucket.fill_(1.0)
-    t = median_time(lambda: dist.all_reduce(bucket), 10)
+    t = common.median_seconds(lambda: dist.all_reduce(bucket), 10, warmup=2, barrier_each=True)
     out.append(f"all_reduce of the gradients' {grads * 4} B in DDP's bucket memory: {t * 1e3:.2f} ms")
 
     for as_view in (False, True):

@@ -49,13 +49,16 @@ def spawn(body, args):
     mp.spawn(_rank_main, args=(args.world, free_port(), args.backend, body, args), nprocs=args.world)
 
 
-def median_seconds(fn, iters, warmup=3):
-    """fn's median time over iters calls, after warm-up and a barrier."""
+def median_seconds(fn, iters, warmup=3, barrier_each=False):
+    """fn's median time over iters calls, after warm-up and a barrier; with barrier_each, every
+    call starts from a barrier of its own (a common start)."""
     for _ in range(warmup):
         fn()
     dist.barrier()
     times = []
     for _ in range(iters):
+        if barrier_each:
+            dist.barrier()
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
@@ -66,3 +69,11 @@ def reference_mlp():
     """Linear(2048,2048)-ReLU x3, then Linear(2048,10): 12.6M f32 parameters (bench/mlp_model.h in C++)."""
     return nn.Sequential(nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 2048),
                          nn.ReLU(), nn.Linear(2048, 10))
+
+
+def wide_mlp():
+    """Linear(4096,4096)-ReLU x6, then Linear(4096,10): 100.7M f32 parameters (chorus-sharded-bench's model)."""
+    layers = []
+    for _ in range(6):
+        layers += [nn.Linear(4096, 4096), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(4096, 10))

@@ -22,13 +22,6 @@ import common
 MODES = ("ddp_adam", "zero1", "fsdp2")
 
 
-def wide_mlp():
-    layers = []
-    for _ in range(6):
-        layers += [nn.Linear(4096, 4096), nn.ReLU()]
-    return nn.Sequential(*layers, nn.Linear(4096, 10))
-
-
 def local(t):
     """This rank's part of a DTensor (FSDP2's parameters, gradients and Adam state), else t."""
     return t.to_local() if hasattr(t, "to_local") else t
@@ -47,14 +40,14 @@ def body(rank, world, backend, args):
     torch.manual_seed(0)
     if args.mode == "fsdp2":
         from torch.distributed.fsdp import fully_shard
-        model = wide_mlp()
+        model = common.wide_mlp()
         for layer in model:
             if isinstance(layer, nn.Linear):
                 fully_shard(layer)
         fully_shard(model)
         inner = model
     else:
-        model = nn.parallel.DistributedDataParallel(wide_mlp())
+        model = nn.parallel.DistributedDataParallel(common.wide_mlp())
         inner = model.module
     if args.mode == "zero1":
         opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=1e-4)
