@@ -12,10 +12,14 @@
 // across ranks; rank 0 prints progress and the summary, which ends with a SHA-256 of the final
 // parameters. The final model is saved as one torch.save-compatible file. Under DDP the ranks
 // also check that their parameters are identical, bit for bit.
-// Resuming: the data order is a function of (epoch, step) and the checkpoint holds the model, the
-// optimizer, the step and every rank's RNG, so a resumed run ends with exactly the parameters of
-// an uninterrupted one.
+// Resuming: the data order comes from a DistributedSampler (shuffled by epoch) whose position the
+// checkpoint keeps with the model, the optimizer and the step, so a resumed run ends with exactly
+// the parameters of an uninterrupted one, and one resumed at another world size (an elastic job
+// that lost or gained a node: chorusrun --nnodes MIN:MAX) trains on every remaining sample of
+// the epoch once. Under an elastic chorusrun the ranks also look for nodes waiting to join at each
+// checkpoint and, if one waits, leave for a new round that takes it in.
 #include <chorus/chorus.h>
+#include <chorus/core/digest.h>
 #include <torch/torch.h>
 
 #include <ATen/Parallel.h>
@@ -25,8 +29,6 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-
-#include "sha256.h"
 
 namespace {
 
@@ -84,7 +86,7 @@ int train(int argc, char** argv) {
   int64_t train_size = 200000, test_size = 20000;
   double lr = 0.05;
   std::string out_dir = "/tmp/chorus-train-ddp", strategy = "ddp", checkpoint_dir;
-  int64_t checkpoint_every = 0;
+  int64_t checkpoint_every = 0, max_steps = 0;
   app.add_option("--devices", devices, "processes to start when no launcher did")->check(CLI::PositiveNumber);
   app.add_option("--epochs", epochs)->check(CLI::PositiveNumber);
   app.add_option("--batch", batch, "samples per rank per step")->check(CLI::PositiveNumber);
@@ -95,6 +97,8 @@ int train(int argc, char** argv) {
   app.add_option("--strategy", strategy, "ddp, or fsdp (FullShard: parameters, gradients, Adam state sharded)")
       ->check(CLI::IsMember({"ddp", "fsdp"}));
   app.add_option("--checkpoint-every", checkpoint_every, "save a sharded checkpoint every N steps (0: never)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--max-steps", max_steps, "stop after this many steps in all (0: train every epoch)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--checkpoint-dir", checkpoint_dir,
                  "where checkpoints go (default <out>/checkpoint); a run started on one resumes from it");
@@ -126,23 +130,29 @@ int train(int argc, char** argv) {
   torch::optim::SGD opt(sdp.parameters(), torch::optim::SGDOptions(lr).momentum(0.9));
   auto forward = [&](const at::Tensor& x) { return sdp.forward([&] { return model->forward(x); }); };
 
-  // Each rank's shard: every world-th sample, reshuffled per epoch with a seed all ranks share.
+  // Each rank's shard: every world-th sample of the epoch's permutation (seed = epoch), the tail
+  // dropped so that all ranks take as many steps.
   Progress progress(fabric.is_global_zero(), epochs);
-  const int64_t per_rank = train_size / world;
-  const int64_t steps = per_rank / batch;
-  int64_t step = 0;  // global: epoch (1-based) = step / steps + 1
-  chorus::CheckpointState state{{"model", sdp}, {"optimizer", opt}, {"step", step}};
+  chorus::DistributedSampler sampler(train_size, world, rank, {.shuffle = true, .seed = 0, .drop_last = true});
+  sampler.set_epoch(1);
+  int64_t step = 0;  // steps taken in all, across epochs and world sizes
+  chorus::CheckpointState state{{"model", sdp}, {"optimizer", opt}, {"step", step}, {"sampler", sampler}};
   if (std::filesystem::exists(checkpoint_dir + "/metadata")) {
     fabric.load(checkpoint_dir, state);
-    fabric.print("resumed from step", step, "(" + checkpoint_dir + ")");
+    sampler.set_replicas(world, rank);  // the rest of the epoch, dealt out over this run's ranks
+    fabric.print("resumed from step", step, "(epoch", sampler.epoch(), "at sample", sampler.position(), "of",
+                 train_size, ") at", world, "ranks (" + checkpoint_dir + ")");
   }
   int64_t samples_seen = 0;
+  bool leaving = false;  // for a new round: nodes wait to join
   const auto t_train = Clock::now();
-  for (int epoch = int(step / steps) + 1; epoch <= epochs; ++epoch) {
-    auto gen = at::detail::createCPUGenerator(uint64_t(epoch));
-    at::Tensor order = at::randperm(train_size, gen).slice(0, rank, world * per_rank, world);
+  for (int epoch = int(sampler.epoch()); epoch <= epochs && !leaving; sampler.set_epoch(++epoch)) {
+    const at::Tensor order = sampler.indices();
+    const int64_t steps = order.size(0) / batch;
+    const int64_t epoch_steps = (train_size / world) / batch, done_before = epoch_steps - steps;
     double running = 0;
-    for (int64_t s = step % steps; s < steps; ++s) {
+    for (int64_t s = 0; s < steps && !leaving; ++s) {
+      if (max_steps > 0 && step >= max_steps) break;
       at::Tensor idx = order.slice(0, s * batch, (s + 1) * batch);
       opt.zero_grad();
       at::Tensor loss =
@@ -150,15 +160,28 @@ int train(int argc, char** argv) {
       loss.backward();  // gradients averaged (DDP) or reduce-scattered into the shards (fsdp) here
       opt.step();
       ++step;
+      sampler.advance(batch);
       running = running == 0 ? loss.item<double>() : 0.95 * running + 0.05 * loss.item<double>();
       samples_seen += batch * world;
       const double secs = std::chrono::duration<double>(Clock::now() - t_train).count();
-      progress.update(epoch, double(s + 1) / double(steps), running, double(samples_seen) / secs);
+      progress.update(epoch, double(done_before + s + 1) / double(std::max<int64_t>(epoch_steps, 1)), running,
+                      double(samples_seen) / secs);
       if (checkpoint_every > 0 && step % checkpoint_every == 0) {
         fabric.save(checkpoint_dir, state, chorus::CheckpointFormat::Sharded);
         if (!progress.tty()) fabric.print("checkpoint: step", step, "->", checkpoint_dir);
+        if (chorus::elastic::nodes_waiting(chorus::default_group()->communicator()) > 0) {
+          fabric.print("step", step, ": nodes wait to join; leaving for a new round");
+          chorus::elastic::request_new_round(chorus::default_group()->communicator());
+          leaving = true;
+        }
       }
     }
+    if (max_steps > 0 && step >= max_steps) break;
+  }
+  if (leaving) return 0;
+  if (max_steps > 0 && step >= max_steps) {
+    fabric.print("stopped after step", step, "(--max-steps)");
+    return 0;
   }
   const double train_secs = std::chrono::duration<double>(Clock::now() - t_train).count();
   torch::NoGradGuard no_grad;
@@ -172,7 +195,7 @@ int train(int argc, char** argv) {
     for (const auto& p : model->parameters()) flat.push_back(p.reshape(-1).clone());
     params = at::cat(flat);
   }
-  const std::string fingerprint = sha256_hex(params.data_ptr(), size_t(params.numel()) * params.element_size());
+  const std::string fingerprint = chorus::sha256_hex(params.data_ptr(), size_t(params.numel()) * params.element_size());
   const int64_t differ =
       fabric.all_reduce(torch::tensor(int64_t(!at::equal(params, fabric.broadcast(params, 0)))), nullptr, "sum")
           .item<int64_t>();

@@ -1,24 +1,29 @@
-# Two "hosts" on one machine, for tests/two_hosts.sh and bench/two_hosts_bench.sh (sourced):
-# network namespaces $A and $B joined by a veth pair (10.213.0.1 and 10.213.0.2), each process
-# started in them with its own hostname (a UTS namespace), so chorus sees two machines.
-#   netns_up            makes them; exits 77 (skipped) where that is impossible (no root, no
-#                       iproute2 or util-linux); removes them again at exit
+# "Hosts" on one machine, for the tests and benchmarks that span machines (sourced): network
+# namespaces, each process started in them with its own hostname (a UTS namespace), so chorus
+# sees separate machines.
+#   netns_up            two hosts, $A and $B, joined by a veth pair (10.213.0.1 and 10.213.0.2)
+#   hosts_up N          N hosts ${HOST_NS[i]} at ${HOST_IP[i]} (10.214.0.1 ...), each linked
+#                       by a veth pair to a bridge in a switch namespace of its own
+#   host_kill I         kills every process of host I (as a dead machine)
+#   host_cut I / host_mend I   takes host I's link down (cut off: packets vanish) / up again
 #   in_host NS NAME CMD...   runs CMD in namespace NS under hostname NAME
+# Both exit 77 (skipped) where namespaces cannot be made (no root, no iproute2 or util-linux) and
+# remove everything again at exit.
 A=chorus$$a B=chorus$$b
 MASTER_IP=10.213.0.1
 
+SWITCH=chorus$$sw
+HOST_NS=() HOST_IP=()
+
 netns_down() {
-  for ns in $A $B; do
+  for ns in $A $B "${HOST_NS[@]}" $SWITCH; do
     ip netns pids $ns 2>/dev/null | xargs -r kill -9 2>/dev/null
     ip netns del $ns 2>/dev/null
   done
 }
 
 netns_up() {
-  if ! command -v ip >/dev/null || ! command -v unshare >/dev/null || ! ip netns add $A 2>/dev/null; then
-    echo "SKIPPED: cannot create network namespaces here (needs root, iproute2 and util-linux)"
-    exit 77
-  fi
+  netns_can $A
   trap 'netns_down; eval "${netns_cleanup:-:}"' EXIT
   ip netns add $B &&
     ip link add ${A}v type veth peer name ${B}v &&
@@ -30,6 +35,37 @@ netns_up() {
     ip -n $ns link set lo up && ip -n $ns link set ${ns}v up || { echo "FAILED: bringing up $ns"; exit 1; }
   done
 }
+
+netns_can() {
+  if ! command -v ip >/dev/null || ! command -v unshare >/dev/null || ! ip netns add "$1" 2>/dev/null; then
+    echo "SKIPPED: cannot create network namespaces here (needs root, iproute2 and util-linux)"
+    exit 77
+  fi
+}
+
+hosts_up() {
+  local n=$1 i ns
+  netns_can $SWITCH
+  trap 'netns_down; eval "${netns_cleanup:-:}"' EXIT
+  ip -n $SWITCH link add br0 type bridge && ip -n $SWITCH link set br0 up && ip -n $SWITCH link set lo up ||
+    { echo "FAILED: making the bridge"; exit 1; }
+  for ((i = 0; i < n; i++)); do
+    ns=chorus$$h$i
+    HOST_NS[i]=$ns HOST_IP[i]=10.214.0.$((i + 1))
+    ip netns add $ns &&
+      ip link add c$$h$i type veth peer name c$$p$i &&
+      ip link set c$$h$i netns $ns &&
+      ip link set c$$p$i netns $SWITCH &&
+      ip -n $SWITCH link set c$$p$i master br0 &&
+      ip -n $SWITCH link set c$$p$i up &&
+      ip -n $ns addr add ${HOST_IP[i]}/24 dev c$$h$i &&
+      ip -n $ns link set lo up && ip -n $ns link set c$$h$i up || { echo "FAILED: making host $i"; exit 1; }
+  done
+}
+
+host_kill() { ip netns pids "${HOST_NS[$1]}" | xargs -r kill -9; }
+host_cut() { ip -n $SWITCH link set c$$p$1 down; }
+host_mend() { ip -n $SWITCH link set c$$p$1 up; }
 
 in_host() {
   local ns=$1 name=$2

@@ -284,7 +284,7 @@ void Supervisor::settle() {
   }
 }
 
-std::optional<WorkerExit> Supervisor::wait(int interrupt_fd) {
+std::optional<WorkerExit> Supervisor::wait(int interrupt_fd, const std::function<bool()>& stop_now) {
   auto& workers = s_->workers;
   s_->failures.clear();
   for (;;) {
@@ -305,6 +305,12 @@ std::optional<WorkerExit> Supervisor::wait(int interrupt_fd) {
     }
     // Without pidfds (old kernels) poll with a timeout and reap by polling.
     int ready = poll(fds.data(), fds.size(), 100);
+    if (stop_now && stop_now()) {
+      stop();
+      WorkerExit stopped;
+      stopped.rank = WorkerExit::kStopped;
+      return stopped;
+    }
     if (ready < 0 && errno != EINTR) throw Error(concat(s_->options.name, ": poll failed: ", std::strerror(errno)));
     std::vector<Worker*> exited;
     for (size_t i = 0; ready > 0 && i < fds.size(); ++i) {

@@ -74,9 +74,24 @@ int connect_to(const std::string& host, int port, std::chrono::milliseconds time
     AddrInfo ai;
     resolve(host, port, false, &ai);
     for (addrinfo* a = ai.list; a; a = a->ai_next) {
-      int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+      int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
       if (fd < 0) continue;
-      if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+      // Non-blocking, so that a host that drops the SYN (cut off) costs the timeout, not the
+      // kernel's two minutes of retries.
+      int rc = connect(fd, a->ai_addr, a->ai_addrlen);
+      if (rc != 0 && errno == EINPROGRESS) {
+        const auto left =
+            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+        pollfd p{fd, POLLOUT, 0};
+        int err = ETIMEDOUT;
+        socklen_t len = sizeof(err);
+        if (poll(&p, 1, int(std::max<long long>(1, left.count()))) == 1)
+          getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+        rc = err == 0 ? 0 : -1;
+        errno = err;
+      }
+      if (rc == 0) {
+        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
         return fd;
@@ -92,6 +107,35 @@ int connect_to(const std::string& host, int port, std::chrono::milliseconds time
   throw StoreError(detail::concat("could not connect to the TcpStore at ", host, ":", port, " within ", waited.count(),
                                   " ms: ", last_error,
                                   " (is the server running, and are MASTER_ADDR/MASTER_PORT right?)"));
+}
+
+int free_port(const std::string& host) {
+  try {
+    int port = 0;
+    close(listen_on(host, 0, &port));
+    return port;
+  } catch (const StoreError&) {
+    return 0;
+  }
+}
+
+std::string local_address_toward(const std::string& host, int port) {
+  AddrInfo ai;
+  resolve(host, port, false, &ai);
+  for (addrinfo* a = ai.list; a; a = a->ai_next) {
+    int fd = socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    sockaddr_storage local{};
+    socklen_t len = sizeof(local);
+    const bool ok =
+        connect(fd, a->ai_addr, a->ai_addrlen) == 0 && getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0;
+    close(fd);
+    if (!ok) continue;
+    char name[NI_MAXHOST];
+    if (getnameinfo(reinterpret_cast<sockaddr*>(&local), len, name, sizeof(name), nullptr, 0, NI_NUMERICHOST) == 0)
+      return name;
+  }
+  throw StoreError(detail::concat("no local address reaches ", host, ":", port));
 }
 
 bool send_all(int fd, const char* data, size_t size, std::chrono::steady_clock::time_point deadline) {

@@ -16,6 +16,11 @@ int connect_to(const std::string& host, int port, std::chrono::milliseconds time
 
 void set_nonblocking(int fd);
 
+// A port nobody listens on now at host (0 when none can be had).
+int free_port(const std::string& host);
+// The address of this host that packets to host:port leave from. Throws StoreError.
+std::string local_address_toward(const std::string& host, int port);
+
 // Writes all of data before the deadline; false on error or timeout.
 bool send_all(int fd, const char* data, size_t size, std::chrono::steady_clock::time_point deadline);
 

@@ -3,7 +3,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 
+#include "chorus/core/digest.h"
 #include "chorus/core/error.h"
 #include "chorus/core/settings.h"
 #include "chorus/core/tcp_store.h"
@@ -23,9 +25,42 @@ namespace {
 constexpr auto kReplyGrace = std::chrono::seconds(5);
 }  // namespace
 
-TcpStore::TcpStore(std::string host, int port, std::optional<std::chrono::milliseconds> timeout)
-    : Store(timeout.value_or(settings().store_timeout)), host_(std::move(host)), port_(port) {
-  idle_.push_back(net::connect_to(host_, port_, this->timeout()));
+namespace {
+std::string secret_from_environment() {
+  const char* s = std::getenv("CHORUS_RDZV_SECRET");
+  return s ? s : "";
+}
+}  // namespace
+
+TcpStore::TcpStore(std::string host, int port, std::optional<std::chrono::milliseconds> timeout,
+                   std::optional<std::string> secret)
+    : Store(timeout.value_or(settings().store_timeout)),
+      host_(std::move(host)),
+      port_(port),
+      secret_(secret ? std::move(*secret) : secret_from_environment()) {
+  idle_.push_back(open_connection(this->timeout()));
+}
+
+int TcpStore::open_connection(std::chrono::milliseconds timeout) {
+  const int fd = net::connect_to(host_, port_, timeout);
+  if (secret_.empty()) return fd;
+  try {
+    auto ask = [&](auto build, const char* what) {
+      wire::Writer w;
+      w.u32(0);
+      build(w);
+      return exchange(fd, w.finish(), 0, what, timeout);
+    };
+    const std::string challenge =
+        wire::Reader(ask([](wire::Writer& w) { w.u8(uint8_t(Command::Hello)); }, "hello")).str();
+    if (!challenge.empty())
+      ask([&](wire::Writer& w) { w.u8(uint8_t(Command::Auth)).str(hmac_sha256_hex(secret_, challenge)); },
+          "the secret's proof");
+  } catch (...) {
+    close(fd);
+    throw;
+  }
+  return fd;
 }
 
 TcpStore::~TcpStore() {
@@ -44,7 +79,7 @@ std::string TcpStore::call(Build&& build, const std::string& what, std::chrono::
       idle_.pop_back();
     }
   }
-  if (fd < 0) fd = net::connect_to(host_, port_, timeout());
+  if (fd < 0) fd = open_connection(timeout());
   wire::Writer w;
   w.u32(id);
   build(w);
@@ -67,12 +102,16 @@ std::string TcpStore::call(Build&& build, const std::string& what, std::chrono::
 }
 
 std::shared_ptr<TcpStore> TcpStore::serve(const std::string& host, int port,
-                                          std::optional<std::chrono::milliseconds> timeout) {
-  auto server = std::make_unique<TcpStoreServer>(host, port);
-  auto client = std::make_shared<TcpStore>(host, server->port(), timeout);
+                                          std::optional<std::chrono::milliseconds> timeout,
+                                          std::optional<std::string> secret) {
+  const std::string key = secret ? *secret : secret_from_environment();
+  auto server = std::make_unique<TcpStoreServer>(host, port, key);
+  auto client = std::make_shared<TcpStore>(host, server->port(), timeout, key);
   client->server_ = std::move(server);
   return client;
 }
+
+int free_port(const std::string& host) { return net::free_port(host); }
 
 std::string TcpStore::describe() const { return detail::concat("TcpStore ", host_, ":", port_); }
 

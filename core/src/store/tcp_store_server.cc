@@ -11,7 +11,9 @@
 #include <cstdio>
 #include <list>
 #include <map>
+#include <random>
 
+#include "chorus/core/digest.h"
 #include "chorus/core/error.h"
 #include "chorus/core/settings.h"
 #include "chorus/core/tcp_store.h"
@@ -29,7 +31,10 @@ struct TcpStoreServer::Loop {
   int wake_pipe[2] = {-1, -1};
   struct Conn {
     std::string in, out;
+    std::string challenge;  // what Hello sent; the Auth must answer it
+    bool proven = false;    // answered: may use the store
   };
+  std::string secret;  // empty: anyone may use the store
   std::map<int, Conn> conns;
   struct Waiter {
     int fd;
@@ -71,7 +76,16 @@ struct TcpStoreServer::Loop {
     if (cmd_byte < uint8_t(Command::Set) || cmd_byte > uint8_t(Command::kLast))
       throw wire::MalformedFrame("unknown command " + std::to_string(cmd_byte));
     Command cmd = Command(cmd_byte);
+    if (cmd == Command::Hello || cmd == Command::Auth) return authenticate(fd, id, cmd, r);
+    if (!secret.empty() && !conns[fd].proven) {
+      reply(fd, id, Status::Error,
+            str_payload("this store belongs to a job with a secret, and the client did not prove it knows it "
+                        "(give every process of the job the same CHORUS_RDZV_SECRET)"));
+      return;
+    }
     switch (cmd) {
+      case Command::Hello:
+      case Command::Auth: return;
       case Command::Set: {
         std::string key = r.str(), value = r.str();
         expect_end(r);
@@ -136,6 +150,36 @@ struct TcpStoreServer::Loop {
         return;
       }
     }
+  }
+
+  // Note [The job's secret]: a client proves it knows the secret by answering a fresh random
+  // challenge with HMAC-SHA-256(secret, challenge), so the secret never crosses the network and
+  // an answer seen once does not open another connection. Without a secret, Hello answers an
+  // empty challenge and every command is allowed. This keeps stray processes and other jobs out
+  // (they can neither read, write nor abort a rendezvous); it is no defence against someone who
+  // can read and rewrite the traffic of a connection already opened.
+  void authenticate(int fd, uint32_t id, Command cmd, wire::Reader& r) {
+    Conn& c = conns[fd];
+    if (cmd == Command::Hello) {
+      expect_end(r);
+      if (!secret.empty()) {
+        static thread_local std::mt19937_64 random{std::random_device{}()};
+        c.challenge = detail::concat(std::hex, random(), random());
+      }
+      reply(fd, id, Status::Ok, str_payload(c.challenge));
+      return;
+    }
+    const std::string proof = r.str();
+    expect_end(r);
+    if (secret.empty() || (!c.challenge.empty() && proof == hmac_sha256_hex(secret, c.challenge))) {
+      c.proven = true;
+      reply(fd, id, Status::Ok);
+    } else {
+      reply(fd, id, Status::Error,
+            str_payload("the client's CHORUS_RDZV_SECRET differs from this job's: give every process of the job "
+                        "the same secret"));
+    }
+    c.challenge.clear();  // one answer per challenge
   }
 
   static void expect_end(const wire::Reader& r) {
@@ -244,7 +288,9 @@ struct TcpStoreServer::Loop {
   }
 };
 
-TcpStoreServer::TcpStoreServer(const std::string& host, int port) : host_(host), loop_(std::make_unique<Loop>()) {
+TcpStoreServer::TcpStoreServer(const std::string& host, int port, std::string secret)
+    : host_(host), loop_(std::make_unique<Loop>()) {
+  loop_->secret = std::move(secret);
   loop_->listen_fd = net::listen_on(host, port, &port_);
   net::set_nonblocking(loop_->listen_fd);
   if (pipe2(loop_->wake_pipe, O_CLOEXEC) != 0) {

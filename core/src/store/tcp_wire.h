@@ -13,7 +13,10 @@
 
 namespace chorus::wire {
 
-enum class Command : uint8_t { Set = 1, Get, Add, CompareSet, Wait, Check, Delete, kLast = Delete };
+// Hello asks for a challenge (empty when the server has no secret); Auth answers it with
+// HMAC-SHA-256(secret, challenge). A server with a secret refuses every other command on a
+// connection that has not answered (Note [The job's secret]).
+enum class Command : uint8_t { Set = 1, Get, Add, CompareSet, Wait, Check, Delete, Hello, Auth, kLast = Auth };
 enum class Status : uint8_t { Ok = 0, Timeout = 1, Error = 2 };
 
 constexpr uint32_t kMaxFrame = 256u << 20;  // larger frames are malformed

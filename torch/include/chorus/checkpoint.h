@@ -21,6 +21,7 @@
 #include <ATen/core/ivalue.h>
 #include <torch/nn/module.h>
 
+#include <concepts>
 #include <functional>
 #include <memory>
 #include <string>
@@ -68,6 +69,18 @@ class Stateful {
       : kind_(Kind::Value),
         get_([&value] { return c10::IValue(value); }),
         set_([&value](const c10::IValue& v) { value = v.to<T>(); }) {}
+
+  // Anything with state_dict() -> IValue and load_state_dict(IValue) (DistributedSampler): its
+  // state is saved as a value.
+  template <class T>
+  requires requires(T& t, const c10::IValue& v) {
+    { t.state_dict() } -> std::convertible_to<c10::IValue>;
+    t.load_state_dict(v);
+  }
+  Stateful(T& stateful)  // NOLINT
+      : kind_(Kind::Value),
+        get_([&stateful] { return c10::IValue(stateful.state_dict()); }),
+        set_([&stateful](const c10::IValue& v) { stateful.load_state_dict(v); }) {}
 
   Kind kind() const { return kind_; }
   const std::shared_ptr<torch::nn::Module>& module() const { return module_; }

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -40,7 +41,9 @@ struct SupervisorOptions {
 };
 
 struct WorkerExit {
-  int rank = -1;
+  static constexpr int kInterrupted = -1;  // wait() returned because interrupt_fd was readable
+  static constexpr int kStopped = -2;      // wait() returned because stop_now() said so
+  int rank = kInterrupted;
   int pid = 0;
   int exit_code = 0;  // when it exited
   int signal = 0;     // when a signal killed it
@@ -64,8 +67,9 @@ class Supervisor {
   // first failure. Workers that fail within a moment of it (often the cause: a rank whose exit
   // was slowed by its own teardown, while its peers gave up at once) are collected too, see
   // failures(); then the others are stopped. Also returns when `interrupt_fd` (if >= 0) becomes
-  // readable: then stops every worker and returns a WorkerExit with rank -1.
-  std::optional<WorkerExit> wait(int interrupt_fd = -1);
+  // readable (rank kInterrupted), or when `stop_now` (asked about every 100 ms) returns true
+  // (rank kStopped): then stops every worker first.
+  std::optional<WorkerExit> wait(int interrupt_fd = -1, const std::function<bool()>& stop_now = {});
   // The failures the last wait() saw, in the order they exited.
   const std::vector<WorkerExit>& failures() const;
   // "rank 1 (pid 7) exited with code 9; rank 2 (pid 8) exited with code 5"

@@ -15,8 +15,9 @@ namespace chorus {
 class TcpStoreServer {
  public:
   // Binds host:port (port 0: the kernel picks one; see port()). Throws StoreError naming the
-  // address when it cannot bind.
-  TcpStoreServer(const std::string& host, int port);
+  // address when it cannot bind. With a secret, only clients that prove they know it may use
+  // the store (Note [The job's secret]).
+  TcpStoreServer(const std::string& host, int port, std::string secret = {});
   ~TcpStoreServer();  // stops serving; clients then see their connection close
   TcpStoreServer(const TcpStoreServer&) = delete;
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
@@ -36,14 +37,18 @@ class TcpStoreServer {
 class TcpStore : public Store {
  public:
   // Connects to host:port, retrying until `timeout` (default CHORUS_STORE_TIMEOUT_MS, 5 minutes);
-  // then throws StoreError naming host:port. The timeout also bounds every later request.
-  TcpStore(std::string host, int port, std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+  // then throws StoreError naming host:port. The timeout also bounds every later request. Every
+  // connection proves it knows `secret` (default: CHORUS_RDZV_SECRET, if set) to a server that
+  // has one; a server with another secret makes it throw StoreError saying so.
+  TcpStore(std::string host, int port, std::optional<std::chrono::milliseconds> timeout = std::nullopt,
+           std::optional<std::string> secret = std::nullopt);
   ~TcpStore() override;
 
   // Starts a server on host:port (0: any free port) and returns a client of it that keeps the
   // server alive. port() tells the real port.
   static std::shared_ptr<TcpStore> serve(const std::string& host, int port,
-                                         std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+                                         std::optional<std::chrono::milliseconds> timeout = std::nullopt,
+                                         std::optional<std::string> secret = std::nullopt);
 
   CHORUS_STORE_OPERATIONS;
   std::string describe() const override;
@@ -57,15 +62,22 @@ class TcpStore : public Store {
   // the server reported a timeout.
   template <class Build>
   std::string call(Build&& build, const std::string& what, std::chrono::milliseconds limit);
+  // A new connection to the server, authenticated when there is a secret.
+  int open_connection(std::chrono::milliseconds timeout);
   std::string exchange(int fd, const std::string& frame, uint32_t id, const std::string& what,
                        std::chrono::milliseconds limit);
 
   std::string host_;
   int port_;
+  std::string secret_;
   std::mutex mu_;
   std::vector<int> idle_;  // pooled connections not in use
   uint32_t last_id_ = 0;
   std::unique_ptr<TcpStoreServer> server_;  // set when this client was made by serve()
 };
+
+// A TCP port nobody listens on now at host (0 when none can be had); someone may take it
+// before the caller does.
+int free_port(const std::string& host);
 
 }  // namespace chorus

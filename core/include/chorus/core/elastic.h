@@ -1,0 +1,32 @@
+// What a worker of an elastic job (chorusrun --nnodes MIN:MAX) can ask its launcher.
+//
+// A node that starts while the job runs waits to join. Workers that call nodes_waiting() at a
+// step boundary (say, where they checkpoint) decide together when to let it in:
+//
+//   if (chorus::elastic::nodes_waiting(world) > 0) {
+//     save_checkpoint();
+//     chorus::elastic::request_new_round(world);
+//     return 0;  // every rank leaves; chorusrun starts the next round, the newcomer included
+//   }
+//
+// Workers that never call it are stopped as soon as a node waits, as torchrun does, and resume
+// from their last checkpoint.
+#pragma once
+
+#include "chorus/core/communicator.h"
+
+namespace chorus::elastic {
+
+// True in a worker of an elastic chorusrun (CHORUS_ELASTIC=1).
+bool launched();
+
+// How many nodes wait to join, as rank 0 of `comm` reads it (a collective: every rank gets the
+// same answer, so all leave at the same step). 0 outside an elastic job. The first call tells
+// chorusrun that the workers watch, so it waits for them instead of stopping them.
+int nodes_waiting(Communicator& comm);
+
+// Tells chorusrun that the workers leave to let the waiting nodes in (a collective; call it on
+// every rank, then exit with 0). Outside an elastic job it does nothing.
+void request_new_round(Communicator& comm);
+
+}  // namespace chorus::elastic

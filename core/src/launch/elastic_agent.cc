@@ -1,0 +1,802 @@
+#include "chorus/core/elastic_agent.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <future>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "chorus/core/tcp_store.h"
+#include "store/socket_util.h"
+
+namespace chorus {
+
+using detail::concat;
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+// Note [Elastic rendezvous]: how the agents of `chorusrun --nnodes MIN:MAX` agree on a round.
+//
+// Every agent serves a store of its own (TcpStoreServer, with the job's secret if one is set)
+// holding, under "state", its acceptor record: the highest proposal it promised and the last
+// round it accepted. A proposer (an --rdzv-endpoint agent for the first round, any member of
+// the last round after that) runs three steps against the other agents' stores, each a
+// compare-and-set on "state", so that two proposers racing on one agent are ordered:
+//   1. promise: proposal (round number, proposer id) goes into every reachable agent's record
+//      unless a higher one is there. The answers carry each agent's node, configuration and last
+//      round, and the nodes waiting to join that it heard of.
+//   2. accept: when more than half of the previous round's nodes promised (the first round: of
+//      the endpoints), and MIN <= candidates, every member of the new round stores it, still
+//      under this proposal.
+//   3. go: the same records are marked to go. An agent starts its workers only for a round that
+//      goes, and stops them as soon as its record promises a higher round than the one they run.
+// Two rounds never run at once: each needs a majority of the one before, so their voters
+// overlap, and an agent that promised the later one stops the earlier one's workers; a round
+// whose members did not all accept never goes. Ranks follow the previous round's order (the
+// survivors keep their relative order, so rank 0 is the oldest node), newcomers after them.
+//
+// What this costs: a majority is needed, so a job of 2 nodes that loses one (host dead or cut
+// off: the two cases look the same from the other side) cannot go on alone; one whose peer's
+// agent still answers (only its workers died) can, since that agent still votes. MIN caps the
+// other way: fewer than MIN willing nodes wait up to the join timeout, then the agents exit
+// naming the nodes lost.
+//
+// Liveness while a round runs: a monitor thread reads every other member's record each
+// heartbeat (500 ms); a refused or closed connection (its agent died, or its host's processes
+// were killed) is a loss at once, silence (a cut link) after dead_after (2.5 s). The workers see
+// peers die faster (Note [Done, then gone]); their failure reaches the agent as a failed worker.
+
+namespace {
+
+constexpr auto kContactTimeout = 1000ms;  // connecting to or asking another agent
+constexpr const char* kState = "state";
+constexpr const char* kInfo = "info";
+constexpr const char* kWaiting = "waiting";
+constexpr const char* kClosed = "closed";
+// In the round's store, shared with the workers (chorus/core/elastic.h).
+constexpr const char* kWaitingKey = "chorus/elastic/nodes_waiting";
+constexpr const char* kWatchingKey = "chorus/elastic/watching";
+constexpr const char* kReformKey = "chorus/elastic/reform";
+
+std::string ports_key(int64_t round) { return concat("ports/", round); }
+
+void say(const ElasticOptions& o, const std::string& what) {
+  std::fprintf(stderr, "%s: %s\n", o.name.c_str(), what.c_str());
+  std::fflush(stderr);
+}
+
+std::string encode_node(const NodeInfo& n) { return concat("node ", n.id, " ", n.host, " ", n.addr, " ", n.port); }
+
+bool decode_node(std::istringstream& in, NodeInfo& n) { return bool(in >> n.id >> n.host >> n.addr >> n.port); }
+
+std::vector<NodeInfo> decode_nodes(const std::string& text) {
+  std::vector<NodeInfo> out;
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::istringstream in(line);
+    std::string tag;
+    NodeInfo n;
+    if (in >> tag && tag == "node" && decode_node(in, n)) out.push_back(n);
+  }
+  return out;
+}
+
+// One agent's acceptor record (the value under "state").
+struct Record {
+  int64_t promised = -1;  // round number of the highest proposal promised
+  std::string promiser;   // its proposer's id
+  Round accepted;
+  bool go = false;
+
+  bool outranks(int64_t round, const std::string& id) const {
+    return promised > round || (promised == round && promiser > id);
+  }
+  std::string encode() const {
+    std::string out = concat("promise ", promised, " ", promiser.empty() ? "-" : promiser, "\n", "round ",
+                             accepted.number, " ", accepted.restarts, " ", int(go), "\n");
+    for (const auto& m : accepted.members) out += encode_node(m) + "\n";
+    return out;
+  }
+  static Record decode(const std::string& text) {
+    Record r;
+    std::istringstream in(text);
+    std::string tag;
+    int go = 0;
+    in >> tag >> r.promised >> r.promiser >> tag >> r.accepted.number >> r.accepted.restarts >> go;
+    if (r.promiser == "-") r.promiser.clear();
+    r.go = go != 0;
+    std::string rest((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    r.accepted.members = decode_nodes(rest);
+    return r;
+  }
+};
+
+std::string where(const std::string& addr, int port) { return concat(addr, ":", port); }
+
+std::string names(const std::vector<NodeInfo>& nodes) {
+  std::string out;
+  for (const auto& n : nodes) out += (out.empty() ? "" : ", ") + n.name();
+  return out.empty() ? "none" : out;
+}
+
+}  // namespace
+
+std::string NodeInfo::name() const { return concat(host, " (", addr, ")"); }
+
+int Round::node_rank_of(const std::string& id) const {
+  for (size_t i = 0; i < members.size(); ++i)
+    if (members[i].id == id) return int(i);
+  return -1;
+}
+
+std::vector<std::pair<std::string, int>> parse_endpoints(const std::string& list, int default_port) {
+  std::vector<std::pair<std::string, int>> out;
+  std::istringstream in(list);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (item.empty()) continue;
+    std::string host = item;
+    int port = default_port;
+    const size_t colon = item.rfind(':');
+    if (colon != std::string::npos && item.find(']') == std::string::npos ? true : colon > item.find(']')) {
+      if (colon != std::string::npos) {
+        host = item.substr(0, colon);
+        try {
+          size_t used = 0;
+          port = std::stoi(item.substr(colon + 1), &used);
+          if (used != item.size() - colon - 1) throw std::invalid_argument("trailing");
+        } catch (const std::exception&) {
+          throw InvalidArgument(concat("--rdzv-endpoint: '", item, "' is not host[:port]"));
+        }
+      }
+    }
+    if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+    if (host.empty() || port <= 0 || port > 65535)
+      throw InvalidArgument(concat("--rdzv-endpoint: '", item, "' is not host[:port] with a port in 1..65535"));
+    out.emplace_back(host, port);
+  }
+  if (out.empty()) throw InvalidArgument("--rdzv-endpoint: no host given");
+  return out;
+}
+
+struct ElasticAgent::Impl {
+  ElasticOptions o;
+  NodeInfo self;
+  std::string config;       // what every agent of the job must agree on
+  int endpoint_index = -1;  // this agent serves endpoints[endpoint_index]
+  std::unique_ptr<TcpStoreServer> server;
+  std::shared_ptr<TcpStore> local;
+
+  std::mutex peers_mu;
+  std::map<std::string, std::shared_ptr<TcpStore>> peers;  // "addr:port" -> client
+
+  Round current;                                // the round whose workers run (number -1: none)
+  std::unique_ptr<TcpStoreServer> round_store;  // served here when this node is the round's node 0
+  std::shared_ptr<TcpStore> round_client;
+  std::vector<NodeInfo> known_waiting;
+  std::vector<NodeInfo> last_members;  // of the last round this agent was in, for proposing
+  std::string last_problem;            // why no round formed yet, for the timeout's message
+  std::set<std::string> warned;
+
+  // The monitor's findings while a round runs.
+  std::mutex mon_mu;
+  std::condition_variable mon_cv;
+  std::thread monitor;
+  bool mon_stop = false;
+  std::optional<std::string> stop_reason;
+  int waiting_count = 0;
+
+  std::shared_ptr<TcpStore> peer(const std::string& addr, int port) {
+    const std::string key = where(addr, port);
+    {
+      std::lock_guard<std::mutex> lock(peers_mu);
+      auto it = peers.find(key);
+      if (it != peers.end()) return it->second;
+    }
+    auto client = std::make_shared<TcpStore>(addr, port, kContactTimeout, o.secret);
+    std::lock_guard<std::mutex> lock(peers_mu);
+    return peers.emplace(key, client).first->second;
+  }
+  void forget(const std::string& addr, int port) {
+    std::lock_guard<std::mutex> lock(peers_mu);
+    peers.erase(where(addr, port));
+  }
+
+  // Applies `change` to the record in `store` atomically (compare-and-set, retried on races).
+  // Returns the record stored afterwards and whether `change` was applied.
+  template <class Change>
+  std::pair<Record, bool> update(Store& store, Change&& change) {
+    std::string seen = store.get(kState);
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      Record r = Record::decode(seen);
+      if (!change(r)) return {Record::decode(seen), false};
+      const std::string want = r.encode();
+      const std::string now = store.compare_set(kState, seen, want);
+      if (now == want) return {r, true};
+      seen = now;
+    }
+    throw StoreError("the rendezvous record kept changing under this agent");
+  }
+
+  Record own_record() { return Record::decode(local->get(kState)); }
+
+  // --- Proposing -----------------------------------------------------------------------------
+
+  struct Reply {
+    std::string addr;
+    int port = 0;
+    bool reached = false, promised = false, config_ok = true;
+    std::string their_config, closed, error;
+    NodeInfo node;
+    Record record;
+    std::vector<NodeInfo> waiting;
+  };
+
+  // Reads an agent's node, configuration, record, waiting list and closing word.
+  Reply read(const std::string& addr, int port) {
+    Reply r;
+    r.addr = addr;
+    r.port = port;
+    try {
+      auto s = peer(addr, port);
+      const std::string info = s->get(kInfo);
+      const size_t nl = info.find('\n');
+      r.their_config = info.substr(0, nl);
+      std::istringstream node_line(info.substr(nl + 1));
+      std::string tag;
+      node_line >> tag;
+      decode_node(node_line, r.node);
+      r.config_ok = r.their_config == config;
+      if (s->check({kClosed})) r.closed = s->get(kClosed);
+      if (s->check({kWaiting})) r.waiting = decode_nodes(s->get(kWaiting));
+      r.record = Record::decode(s->get(kState));
+      r.reached = true;
+    } catch (const StoreError& e) {
+      forget(addr, port);
+      r.error = e.what();
+    }
+    return r;
+  }
+
+  // Step 1 on one agent that was read: records the promise unless a higher one is there.
+  void ask_promise(Reply& r, int64_t round) {
+    if (!r.reached || !r.config_ok || !r.closed.empty()) return;
+    try {
+      auto [record, applied] = update(*peer(r.addr, r.port), [&](Record& rec) {
+        if (rec.outranks(round, self.id) || (rec.promised == round && rec.promiser == self.id)) return false;
+        rec.promised = round;
+        rec.promiser = self.id;
+        return true;
+      });
+      r.record = record;
+      r.promised = applied || (record.promised == round && record.promiser == self.id);
+    } catch (const StoreError& e) {
+      forget(r.addr, r.port);
+      r.reached = false;
+      r.error = e.what();
+    }
+  }
+
+  // Step 2 or 3 on one member: true when its record still holds this proposal.
+  bool ask_accept(const NodeInfo& n, int64_t round, const Round* accept) {
+    try {
+      auto s = peer(n.addr, n.port);
+      return update(*s,
+                    [&](Record& rec) {
+                      if (rec.promised != round || rec.promiser != self.id) return false;
+                      if (accept) {
+                        rec.accepted = *accept;
+                        rec.go = false;
+                      } else {
+                        if (rec.accepted.number != round) return false;
+                        rec.go = true;
+                      }
+                      return true;
+                    })
+          .second;
+    } catch (const StoreError&) {
+      forget(n.addr, n.port);
+      return false;
+    }
+  }
+
+  template <class T, class F>
+  std::vector<std::invoke_result_t<F, const T&>> in_parallel(const std::vector<T>& items, F f) {
+    std::vector<std::future<std::invoke_result_t<F, const T&>>> futures;
+    for (const auto& item : items) futures.push_back(std::async(std::launch::async, [&f, &item] { return f(item); }));
+    std::vector<std::invoke_result_t<F, const T&>> out;
+    for (auto& fu : futures) out.push_back(fu.get());
+    return out;
+  }
+
+  template <class T, class F>
+  void in_parallel_each(std::vector<T>& items, F f) {
+    std::vector<std::future<void>> futures;
+    for (auto& item : items) futures.push_back(std::async(std::launch::async, [&f, &item] { f(item); }));
+    for (auto& fu : futures) fu.get();
+  }
+
+  enum class Outcome { Formed, Outbid, NotYet };
+  bool excluded = false;  // a newer round runs without this node: it joins as a newcomer
+
+  Outcome propose(Cause cause, bool first_round_last_call_over) {
+    const Record mine = own_record();
+    // Whom to ask: the endpoints, the last round's members, anyone waiting; then whoever the
+    // answers name that was not asked yet. Reading first, promising after: a node that finds
+    // itself left out of a newer round must not disturb it.
+    std::vector<std::pair<std::string, int>> targets;
+    std::set<std::string> asked;
+    auto add = [&](const std::string& addr, int port) {
+      if (asked.insert(where(addr, port)).second) targets.emplace_back(addr, port);
+    };
+    for (const auto& [a, p] : o.endpoints) add(a, p);
+    for (const auto& m : last_members) add(m.addr, m.port);
+    for (const auto& m : mine.accepted.members) add(m.addr, m.port);
+    for (const auto& w : known_waiting) add(w.addr, w.port);
+    std::vector<Reply> replies;
+    while (!targets.empty()) {
+      auto batch = std::move(targets);
+      targets.clear();
+      for (auto& r :
+           in_parallel(batch, [&](const std::pair<std::string, int>& t) { return read(t.first, t.second); })) {
+        for (const auto& w : r.waiting) add(w.addr, w.port);
+        for (const auto& m : r.record.accepted.members) add(m.addr, m.port);
+        replies.push_back(std::move(r));
+      }
+    }
+    int64_t newest = std::max(mine.promised, mine.accepted.number);
+    for (const auto& r : replies) {
+      if (!r.reached) continue;
+      if (r.closed.rfind("failed", 0) == 0)
+        throw ElasticError(concat("the job failed on ", r.node.name(), ": ", r.closed.substr(7)));
+      if (r.closed == "finished" && r.config_ok)
+        throw ElasticError(concat("the job finished on ", r.node.name(), " while this node was between rounds"));
+      if (!r.config_ok) {
+        if (current.number < 0 && r.node.id != self.id)
+          throw ElasticError(concat("the agent on ", r.node.name(), " was started with '", r.their_config,
+                                    "', this one with '", config, "': every agent of a job needs the same"));
+        if (warned.insert(r.node.id).second)
+          say(o, concat("ignoring the agent on ", r.node.name(), ": it was started with '", r.their_config,
+                        "', this one with '", config, "'"));
+        continue;
+      }
+      newest = std::max({newest, r.record.promised, r.record.accepted.number});
+      // A round newer than the one this node ran, without this node: join it instead.
+      if (r.record.accepted.number > current.number && r.record.go && r.record.accepted.node_rank_of(self.id) < 0) {
+        excluded = true;
+        last_problem = concat("round ", r.record.accepted.number, " runs without this node");
+        return Outcome::Outbid;
+      }
+    }
+    const int64_t round = newest + 1;
+    in_parallel_each(replies, [&](Reply& r) { ask_promise(r, round); });
+    for (const auto& r : replies)
+      if (r.reached && r.config_ok && !r.promised && r.record.outranks(round, self.id)) return Outcome::Outbid;
+
+    // Deduplicate by node (an endpoint address and a member address may be the same agent).
+    std::map<std::string, const Reply*> by_node;
+    for (const auto& r : replies)
+      if (r.reached) by_node.emplace(r.node.id, &r);
+
+    // The previous round: the highest any agent accepted.
+    Round prev;
+    for (const auto& [id, r] : by_node)
+      if (r->promised && r->record.accepted.number > prev.number) prev = r->record.accepted;
+    if (mine.accepted.number > prev.number) prev = mine.accepted;
+
+    // A majority of the previous round's nodes (the first round: of the endpoints) must promise.
+    int voters = 0, electorate = 0;
+    std::vector<std::string> silent;
+    if (prev.number < 0) {
+      for (const auto& [a, p] : o.endpoints) {
+        ++electorate;
+        bool yes = false;
+        for (const auto& r : replies)
+          if (r.addr == a && r.port == p && r.promised) yes = true;
+        voters += yes;
+        if (!yes) silent.push_back(where(a, p));
+      }
+    } else {
+      for (const auto& m : prev.members) {
+        ++electorate;
+        auto it = by_node.find(m.id);
+        const bool yes = it != by_node.end() && it->second->promised;
+        voters += yes;
+        if (!yes) silent.push_back(m.name());
+      }
+    }
+    auto list = [](const std::vector<std::string>& v) {
+      std::string out;
+      for (const auto& s : v) out += (out.empty() ? "" : ", ") + s;
+      return out;
+    };
+    if (voters * 2 <= electorate) {
+      last_problem = prev.number < 0 ? concat("the first round needs more than half of the ", electorate,
+                                              " --rdzv-endpoint agents; ", list(silent), " did not answer")
+                                     : concat("a new round needs more than half of round ", prev.number, "'s ",
+                                              electorate, " nodes; lost: ", list(silent));
+      return Outcome::NotYet;
+    }
+
+    // The members: the previous round's survivors in their order, then newcomers by id.
+    std::vector<NodeInfo> members;
+    std::set<std::string> placed;
+    for (const auto& m : prev.members) {
+      auto it = by_node.find(m.id);
+      if (it != by_node.end() && it->second->promised && it->second->config_ok && placed.insert(m.id).second)
+        members.push_back(it->second->node);
+    }
+    std::vector<NodeInfo> fresh;
+    for (const auto& [id, r] : by_node)
+      if (r->promised && r->config_ok && r->closed.empty() && !placed.count(id)) fresh.push_back(r->node);
+    std::sort(fresh.begin(), fresh.end(), [](const NodeInfo& a, const NodeInfo& b) { return a.id < b.id; });
+    for (auto& n : fresh)
+      if (int(members.size()) < o.max_nodes) members.push_back(n);
+    if (int(members.size()) < o.min_nodes) {
+      std::vector<NodeInfo> lost;
+      for (const auto& m : prev.members)
+        if (!placed.count(m.id)) lost.push_back(m);
+      last_problem =
+          concat(members.size(), " node(s) can form a round, fewer than the minimum of ", o.min_nodes,
+                 prev.number < 0 ? std::string() : concat("; lost since round ", prev.number, ": ", names(lost)));
+      return Outcome::NotYet;
+    }
+    if (prev.number < 0 && int(members.size()) < o.max_nodes && !first_round_last_call_over) {
+      last_problem = "waiting for more nodes (last call)";
+      return Outcome::NotYet;
+    }
+    Round next;
+    next.number = round;
+    next.members = members;
+    next.restarts = std::max(prev.restarts, 0) + (cause == Cause::Failure && prev.number >= 0 ? 1 : 0);
+    if (next.restarts > o.max_restarts)
+      throw ElasticError(
+          concat("the job failed ", next.restarts, " time(s) and --max-restarts is ", o.max_restarts, ": giving up"));
+    for (bool ok : in_parallel(members, [&](const NodeInfo& n) { return ask_accept(n, round, &next); }))
+      if (!ok) return Outcome::Outbid;
+    for (bool ok : in_parallel(members, [&](const NodeInfo& n) { return ask_accept(n, round, nullptr); }))
+      if (!ok) return Outcome::Outbid;
+    return Outcome::Formed;
+  }
+
+  // --- A joining node ------------------------------------------------------------------------
+
+  // Puts this node on the waiting list of every agent it can reach (the endpoints and the
+  // members they name). Throws ElasticError when the job has finished or is of another run.
+  void announce() {
+    std::vector<std::pair<std::string, int>> targets(o.endpoints.begin(), o.endpoints.end());
+    std::set<std::string> asked;
+    for (size_t i = 0; i < targets.size(); ++i) {
+      const auto [addr, port] = targets[i];
+      if (!asked.insert(where(addr, port)).second || (addr == self.addr && port == self.port)) continue;
+      try {
+        auto s = peer(addr, port);
+        const std::string info = s->get(kInfo);
+        const std::string theirs = info.substr(0, info.find('\n'));
+        if (theirs != config)
+          throw ElasticError(concat("the agent at ", where(addr, port), " belongs to another job or configuration ('",
+                                    theirs, "'; this agent: '", config, "')"));
+        if (s->check({kClosed})) {
+          const std::string closed = s->get(kClosed);
+          throw ElasticError(concat("the job '", o.run_id, "' has ",
+                                    closed == "finished" ? std::string("finished") : closed,
+                                    ": there is nothing to join (agent at ", where(addr, port), ")"));
+        }
+        const std::string me = encode_node(self) + "\n";
+        std::string seen = s->check({kWaiting}) ? s->get(kWaiting) : "";
+        while (seen.find(me) == std::string::npos) {
+          const std::string now = s->compare_set(kWaiting, seen, seen + me);
+          if (now == seen + me) break;
+          seen = now;
+        }
+        for (const auto& m : Record::decode(s->get(kState)).accepted.members) targets.emplace_back(m.addr, m.port);
+      } catch (const StoreError&) {
+        forget(addr, port);
+      }
+    }
+  }
+
+  void leave_waiting_lists() {
+    const std::string me = encode_node(self) + "\n";
+    std::lock_guard<std::mutex> lock(peers_mu);
+    for (auto& [key, s] : peers) {
+      try {
+        std::string seen = s->check({kWaiting}) ? s->get(kWaiting) : "";
+        for (int i = 0; i < 20 && seen.find(me) != std::string::npos; ++i) {
+          std::string without = seen;
+          without.erase(without.find(me), me.size());
+          const std::string now = s->compare_set(kWaiting, seen, without);
+          if (now == without) break;
+          seen = now;
+        }
+      } catch (const StoreError&) {
+      }
+    }
+  }
+
+  // --- Running a round -----------------------------------------------------------------------
+
+  void start_round(const Round& r) {
+    stop_monitor();
+    round_client.reset();
+    round_store.reset();
+    current = r;
+    last_members = r.members;
+    if (r.members[0].id == self.id) {
+      round_store = std::make_unique<TcpStoreServer>(self.addr, 0, o.secret);
+      current.store_port = round_store->port();
+      current.program_port = net::free_port(self.addr);
+      local->set(ports_key(r.number), concat(current.store_port, " ", current.program_port));
+    } else {
+      // Node 0 serves the round's store once it has stopped its last round's workers.
+      auto s = peer(r.members[0].addr, r.members[0].port);
+      const auto until = Clock::now() + o.join_timeout;
+      while (!s->check({ports_key(r.number)})) {
+        if (Clock::now() >= until) throw StoreError(concat(r.members[0].name(), " never served round ", r.number));
+        if (Record::decode(local->get(kState)).promised > r.number)
+          throw StoreError(concat("round ", r.number, " was overtaken by a newer one"));
+        std::this_thread::sleep_for(20ms);
+      }
+      std::istringstream ports(s->get(ports_key(r.number)));
+      ports >> current.store_port >> current.program_port;
+    }
+    round_client = std::make_shared<TcpStore>(r.members[0].addr, current.store_port, 5000ms, o.secret);
+    // The waiting list named in this round is served now.
+    std::string seen = local->check({kWaiting}) ? local->get(kWaiting) : "";
+    std::string kept;
+    for (const auto& w : decode_nodes(seen))
+      if (r.node_rank_of(w.id) < 0) kept += encode_node(w) + "\n";
+    local->compare_set(kWaiting, seen, kept);
+    start_monitor();
+  }
+
+  void start_monitor() {
+    {
+      std::lock_guard<std::mutex> lock(mon_mu);
+      mon_stop = false;
+      stop_reason.reset();
+      waiting_count = 0;
+    }
+    monitor = std::thread([this] { watch(); });
+  }
+
+  void stop_monitor() {
+    {
+      std::lock_guard<std::mutex> lock(mon_mu);
+      mon_stop = true;
+    }
+    mon_cv.notify_all();
+    if (monitor.joinable()) monitor.join();
+  }
+
+  void watch() {
+    std::map<std::string, Clock::time_point> heard;
+    std::set<std::string> finished;
+    for (const auto& m : current.members) heard[m.id] = Clock::now();
+    auto flag = [&](std::string why) {
+      std::lock_guard<std::mutex> lock(mon_mu);
+      if (!stop_reason) stop_reason = std::move(why);
+    };
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mon_mu);
+        if (mon_cv.wait_for(lock, o.heartbeat, [&] { return mon_stop; })) return;
+      }
+      try {
+        const Record mine = own_record();
+        if (mine.promised > current.number) flag(concat("a new round is forming (proposed by ", mine.promiser, ")"));
+        const auto waiting = local->check({kWaiting}) ? decode_nodes(local->get(kWaiting)) : std::vector<NodeInfo>{};
+        {
+          std::lock_guard<std::mutex> lock(mon_mu);
+          waiting_count = int(waiting.size());
+          known_waiting = waiting;
+        }
+        if (round_client) round_client->set(kWaitingKey, concat(waiting.size()));
+      } catch (const StoreError&) {
+      }
+      for (const auto& m : current.members) {
+        if (m.id == self.id || finished.count(m.id)) continue;  // done: may leave
+        try {
+          auto s = peer(m.addr, m.port);
+          const Record theirs = Record::decode(s->get(kState));
+          heard[m.id] = Clock::now();
+          if (s->check({kClosed})) {
+            const std::string closed = s->get(kClosed);
+            if (closed.rfind("failed", 0) == 0) flag(concat("the job failed on ", m.name(), ": ", closed.substr(7)));
+            if (closed == "finished") finished.insert(m.id);
+          }
+          if (theirs.promised > current.number) flag(concat("a new round is forming (", m.name(), " promised it)"));
+        } catch (const StoreError& e) {
+          forget(m.addr, m.port);
+          const std::string what = e.what();
+          const bool silent = what.find("within") != std::string::npos && what.find("timed out") != std::string::npos;
+          const auto quiet = Clock::now() - heard[m.id];
+          if (!silent || quiet >= o.dead_after)
+            flag(concat("node ", m.name(), " ",
+                        silent ? concat("stopped answering (silent for ",
+                                        std::chrono::duration_cast<std::chrono::milliseconds>(quiet).count(), " ms)")
+                               : std::string("is gone (its agent does not answer)")));
+        }
+      }
+    }
+  }
+};
+
+ElasticAgent::ElasticAgent(ElasticOptions options) : impl_(std::make_unique<Impl>()) {
+  Impl& s = *impl_;
+  s.o = std::move(options);
+  const ElasticOptions& o = s.o;
+  if (o.min_nodes < 1) throw ElasticError(concat("--nnodes ", o.min_nodes, ":", o.max_nodes, ": MIN must be >= 1"));
+  if (o.min_nodes > o.max_nodes)
+    throw ElasticError(concat("--nnodes ", o.min_nodes, ":", o.max_nodes, ": MIN must not exceed MAX"));
+  if (o.endpoints.empty()) throw ElasticError("an elastic job needs --rdzv-endpoint host[:port][,host[:port]...]");
+  s.config = concat("run ", o.run_id, " nnodes ", o.min_nodes, ":", o.max_nodes, " nproc-per-node ", o.nproc_per_node);
+  // Serve an endpoint this host owns; else any port of the address that reaches the endpoints.
+  for (size_t i = 0; i < o.endpoints.size() && !s.server; ++i) {
+    if (!o.local_addr.empty() && o.local_addr != o.endpoints[i].first) continue;
+    try {
+      s.server = std::make_unique<TcpStoreServer>(o.endpoints[i].first, o.endpoints[i].second, o.secret);
+      s.endpoint_index = int(i);
+      s.self.addr = o.endpoints[i].first;
+    } catch (const StoreError&) {
+    }
+  }
+  if (!s.server) {
+    s.self.addr =
+        o.local_addr.empty() ? net::local_address_toward(o.endpoints[0].first, o.endpoints[0].second) : o.local_addr;
+    s.server = std::make_unique<TcpStoreServer>(s.self.addr, 0, o.secret);
+  }
+  s.self.port = s.server->port();
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  s.self.host = host[0] ? host : s.self.addr;
+  std::random_device random;
+  s.self.id = concat(s.self.host, "-", getpid(), "-", std::hex, random() & 0xffff);
+  s.local = std::make_shared<TcpStore>(s.self.addr, s.self.port, 5000ms, o.secret);
+  s.local->set(kInfo, s.config + "\n" + encode_node(s.self));
+  s.local->set(kState, Record{}.encode());
+}
+
+ElasticAgent::~ElasticAgent() {
+  impl_->stop_monitor();
+  impl_->leave_waiting_lists();
+}
+
+const NodeInfo& ElasticAgent::self() const { return impl_->self; }
+
+Round ElasticAgent::next_round(Cause cause) {
+  Impl& s = *impl_;
+  const ElasticOptions& o = s.o;
+  s.stop_monitor();
+  s.round_client.reset();
+  s.round_store.reset();
+  const auto start = Clock::now();
+  const auto deadline = start + o.join_timeout;
+  // Who proposes first: the previous round's node 0 at once, the others after it in their order
+  // (first round: the endpoints in the order listed). A node in neither, or left out of a newer
+  // round, announces itself and waits to be taken in.
+  auto my_turn_index = [&] {
+    if (s.excluded) return -1;
+    if (s.current.number >= 0) return s.current.node_rank_of(s.self.id);
+    return s.endpoint_index;
+  };
+  int turn = my_turn_index();
+  if (turn < 0) s.announce();
+  int64_t ended = s.current.number;
+  std::mt19937 jitter(std::random_device{}());
+  auto my_turn = start + turn * 300ms;
+  std::optional<Clock::time_point> enough_since;  // first round: MIN nodes seen since
+  for (;;) {
+    const Record mine = s.own_record();
+    if (mine.go && mine.accepted.number > ended && mine.accepted.node_rank_of(s.self.id) >= 0) {
+      try {
+        s.excluded = false;
+        s.start_round(mine.accepted);
+        return s.current;
+      } catch (const StoreError& e) {  // its node 0 vanished before serving the round's store
+        say(o, concat("round ", mine.accepted.number, " could not start (", e.what(), "); forming another"));
+        ended = mine.accepted.number;
+        s.current = mine.accepted;
+        cause = Cause::Failure;
+        turn = my_turn_index();
+        my_turn = Clock::now() + std::max(turn, 0) * 300ms;
+      }
+    }
+    if (turn >= 0 && Clock::now() >= my_turn) {
+      const bool over = enough_since && Clock::now() - *enough_since >= o.last_call;
+      Impl::Outcome outcome;
+      try {
+        outcome = s.propose(cause, over);
+      } catch (const ElasticError& e) {
+        fail(e.what());
+        throw;
+      }
+      if (outcome == Impl::Outcome::NotYet && s.last_problem == "waiting for more nodes (last call)" && !enough_since)
+        enough_since = Clock::now();
+      if (s.excluded) {
+        say(o, concat(s.last_problem, ": this node asks to join it"));
+        turn = -1;
+        s.announce();
+      }
+      // Outbid: another proposer is ahead; give it time to finish before trying again.
+      if (outcome == Impl::Outcome::Outbid) my_turn = Clock::now() + 1s + std::chrono::milliseconds(jitter() % 500);
+      if (outcome == Impl::Outcome::NotYet) my_turn = Clock::now() + 200ms + std::chrono::milliseconds(jitter() % 100);
+      continue;
+    }
+    if (Clock::now() >= deadline) {
+      const std::string why =
+          s.last_problem.empty() ? std::string("no round that includes this node was formed") : s.last_problem;
+      throw ElasticError(concat("no round could be formed within ",
+                                std::chrono::duration_cast<std::chrono::seconds>(o.join_timeout).count(), " s: ", why));
+    }
+    std::this_thread::sleep_for(50ms);
+  }
+}
+
+std::optional<std::string> ElasticAgent::check() {
+  std::lock_guard<std::mutex> lock(impl_->mon_mu);
+  return impl_->stop_reason;
+}
+
+int ElasticAgent::nodes_waiting() const {
+  std::lock_guard<std::mutex> lock(impl_->mon_mu);
+  return impl_->waiting_count;
+}
+
+bool ElasticAgent::reform_requested() {
+  try {
+    return impl_->round_client && impl_->round_client->check({kReformKey});
+  } catch (const StoreError&) {
+    return false;
+  }
+}
+
+bool ElasticAgent::workers_watch() {
+  try {
+    return impl_->round_client && impl_->round_client->check({kWatchingKey});
+  } catch (const StoreError&) {
+    return false;
+  }
+}
+
+void ElasticAgent::finish() {
+  Impl& s = *impl_;
+  s.stop_monitor();
+  s.local->set(kClosed, "finished");
+  // Stay until every other node's workers are done too: node 0 serves the round's store, and an
+  // agent that vanished early would look lost to the monitors of the nodes still running. A
+  // node that stops answering for dead_after is not waited for.
+  for (const auto& m : s.current.members) {
+    if (m.id == s.self.id) continue;
+    auto heard = Clock::now();
+    while (Clock::now() - heard < s.o.dead_after) {
+      try {
+        if (s.peer(m.addr, m.port)->check({kClosed})) break;
+        heard = Clock::now();
+      } catch (const StoreError&) {
+        s.forget(m.addr, m.port);
+        std::this_thread::sleep_for(100ms);
+        continue;
+      }
+      std::this_thread::sleep_for(50ms);
+    }
+  }
+}
+
+void ElasticAgent::fail(const std::string& why) {
+  try {
+    impl_->local->set(kClosed, "failed " + why);
+  } catch (const StoreError&) {
+  }
+}
+
+}  // namespace chorus

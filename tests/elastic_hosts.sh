@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Elastic jobs on network-namespace hosts (tests/netns.sh): the main job (examples/train_ddp)
+# under `chorusrun --nnodes 2:3` on 3 hosts x 2 ranks, checkpointing every 10 steps, while a
+# scenario happens at a random moment after the first checkpoint:
+#   kill2 / kill0   every process of host 2 (or host 0, the first rendezvous endpoint) is killed
+#   cut2            host 2's link goes down (its agent must give up: no majority on its side)
+#   grow            a 4th host's agent starts (--nnodes 2:4): the ranks let it in at their next
+#                   checkpoint (chorus::elastic::nodes_waiting)
+# The job must finish on the hosts left (or on 4) with exit 0, and its final parameters must be
+# bit-identical to a reference made of two plain runs of the same shapes: 6 ranks up to the step
+# the job resumed from, then the new size from that checkpoint. Every agent authenticates with a
+# shared secret; nothing may be left behind (processes, /dev/shm segments).
+# Usage: tests/elastic_hosts.sh CHORUSRUN TRAIN_DDP ddp|fsdp SCENARIO...
+# Exits 77 (skipped) where network namespaces cannot be made.
+set -uo pipefail
+run=$1 train=$2 strategy=$3
+shift 3
+out=$(mktemp -d)
+netns_cleanup='rm -rf "$out"'
+source "$(dirname "$0")/netns.sh"
+hosts_up 4
+export OMP_NUM_THREADS=1 CHORUS_RDZV_SECRET=elastic-test-$$-$RANDOM
+port=29400
+endpoints="${HOST_IP[0]}:$port,${HOST_IP[1]}:$port,${HOST_IP[2]}:$port"
+args=(--epochs 1 --train-size 24000 --test-size 1200 --batch 64 --strategy "$strategy" --checkpoint-every 10)
+pids=()
+
+fail() {
+  echo "FAILED: $*"
+  for f in "$out"/*.log; do echo "--- $f"; grep -v "epoch 1/1" "$f"; done
+  exit 1
+}
+sha_of() { grep -ho "parameters sha256 [0-9a-f]*" "$@" | awk '{print $3}' | head -1; }
+
+# agent I RUN NNODES DIR [train args...]: host I's chorusrun for run RUN, in the background.
+agent() {
+  local i=$1 id=$2 nn=$3 dir=$4
+  shift 4
+  in_host "${HOST_NS[i]}" host$i "$run" --nnodes "$nn" --nproc-per-node 2 --max-restarts 2 \
+    --rdzv-endpoint "$endpoints" --rdzv-id "$id" --rdzv-conf join_timeout=20,last_call_timeout=2 \
+    "$train" "${args[@]}" --out "$dir" "$@" >"$out/$id.host$i.log" 2>&1 &
+  pids[i]=$!
+}
+
+# expect_exit I CODE: waits for host I's agent (bounded by the test's timeout) and checks its code.
+expect_exit() {
+  wait "${pids[$1]}"
+  local code=$?
+  [[ $code == "$2" ]] || fail "host $1's chorusrun exited with $code, expected $2"
+}
+
+# reference ID STEP NODES_AFTER: 6 ranks up to STEP, then NODES_AFTER x 2 from its checkpoint.
+reference() {
+  local id=$1 step=$2 after=$3 i
+  for i in 0 1 2; do agent $i "$id-a" 3:3 "$out/$id" --max-steps "$step"; done
+  for i in 0 1 2; do expect_exit $i 0; done
+  for ((i = 0; i < after; i++)); do agent $i "$id-b" "$after:$after" "$out/$id"; done
+  for ((i = 0; i < after; i++)); do expect_exit $i 0; done
+  sha_of "$out/$id-b".host*.log
+}
+
+scenario() {
+  local what=$1 victim nn=2:3 survivors i t0
+  case $what in
+    kill2 | cut2) victim=2 ;;
+    kill0) victim=0 ;;
+    grow) victim=3 nn=2:4 ;;
+    *) fail "unknown scenario $what" ;;
+  esac
+  echo "== $what ($strategy)"
+  for i in 0 1 2; do agent $i "$what" $nn "$out/$what"; done
+  for _ in $(seq 1200); do grep -q "checkpoint: step" "$out/$what".host*.log 2>/dev/null && break; sleep 0.05; done
+  grep -q "checkpoint: step" "$out/$what".host*.log || fail "$what: no checkpoint was written"
+  sleep "$((RANDOM % 2)).$((RANDOM % 10))"
+  t0=$(date +%s.%N)
+  case $what in
+    kill*) echo "killing every process of host $victim"; host_kill $victim ;;
+    cut2) echo "cutting host $victim's link"; host_cut $victim ;;
+    grow) echo "starting host 3"; agent 3 "$what" $nn "$out/$what" ;;
+  esac
+  survivors=(0 1 2)
+  [[ $what == grow ]] && survivors=(0 1 2 3)
+  [[ $what == kill* || $what == cut2 ]] && survivors=(${survivors[@]/$victim/})
+  for i in "${survivors[@]}"; do expect_exit $i 0; done
+  if [[ $what == cut2 ]]; then
+    expect_exit $victim 1
+    grep -q "no round could be formed" "$out/$what.host$victim.log" || fail "the cut-off host did not say why it stopped"
+    host_mend $victim
+  fi
+  [[ $what == kill* ]] && wait "${pids[$victim]}" 2>/dev/null
+  local log="$out/$what.host${survivors[0]}.log"
+  grep -h "round [0-9]*:\|stopped the workers\|resumed from\|exited with\|left for" "$out/$what".host*.log | sort | uniq -c
+  local resumed
+  resumed=$(grep -ho "resumed from step [0-9]*" "$out/$what".host*.log | tail -1 | awk '{print $4}')
+  [[ -n $resumed ]] || fail "$what: the job did not resume from a checkpoint"
+  local got want
+  got=$(sha_of "$out/$what".host*.log)
+  [[ -n $got ]] || fail "$what: no fingerprint"
+  want=$(reference "ref-$what" "$resumed" "${#survivors[@]}")
+  [[ -n $want ]] || fail "$what: the reference run gave no fingerprint"
+  [[ $got == "$want" ]] || fail "$what: parameters $got differ from the reference's $want (6 ranks to step $resumed, then $((2 * ${#survivors[@]})))"
+  echo "PASSED $what: resumed from step $resumed at $((2 * ${#survivors[@]})) ranks; parameters sha256 $got as the reference"
+}
+
+for s in "$@"; do scenario "$s"; done
+leftover=$(ls /dev/shm | grep -c "^chorus-" || true)
+for ns in "${HOST_NS[@]}"; do
+  [[ -z $(ip netns pids "$ns") ]] || fail "processes left in $ns: $(ip netns pids "$ns" | tr '\n' ' ')"
+done
+((leftover == 0)) || fail "$leftover chorus shared-memory segments left in /dev/shm"
+echo "PASSED: $*"
