@@ -71,8 +71,8 @@ code=$?
 took_ms=$((($(date +%s%N) - killed) / 1000000))
 cat "$out"/node-a.log
 ((code != 0)) || fail "node A exited 0 after node B died"
-grep -Eq "ranks? ([0-9], )*(2|3)(, [0-9])* (stopped responding|failed|left)" "$out/node-a.log" ||
-  fail "node A did not name a rank of node B"
+grep -Eq "rank (2|3) \((global rank [0-9]+ )?on node-b\)" "$out/node-a.log" ||
+  fail "node A did not name a rank of node B and its host"
 echo "node A stopped $took_ms ms after node B was killed"
 ((took_ms < 15000)) || fail "took $took_ms ms"
 echo "PASSED"

@@ -37,6 +37,12 @@ class Backend {
 
 struct BackendOptions {
   std::string group_name;
+  // How messages name each rank of the group: "rank 2 (global rank 5 on host2)"
+  // (Communicator::describe_rank). Empty: "rank 2".
+  std::vector<std::string> rank_names;
+  std::string name_rank(int rank) const {
+    return rank >= 0 && size_t(rank) < rank_names.size() ? rank_names[size_t(rank)] : "rank " + std::to_string(rank);
+  }
   ShmOptions shm;              // settled: CommunicatorOptions::shm or the settings
   Clock::time_point deadline;  // for the rendezvous
 };

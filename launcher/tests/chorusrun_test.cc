@@ -16,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include "chorus/core/error.h"
 #include "chorus/core/store.h"
 #include "chorus/core/tcp_store.h"
 
@@ -277,7 +278,7 @@ TEST(Chorusrun, RestartsHappenAndStopAtTheLimit) {
                 "--fail-until-restart", "5"});
   EXPECT_EQ(g.exit_code, 1);
   EXPECT_NE(g.err.find("giving up after 1 restart(s)"), std::string::npos) << g.err;
-  EXPECT_EQ(count(g.err, "rank 1 ("), 2u) << g.err;
+  EXPECT_EQ(count(g.err, "rank 1 (pid "), 2u) << g.err;
 }
 
 TEST(Chorusrun, OutputLinesAreWholeAndPrefixedAndLogged) {
@@ -398,3 +399,169 @@ TEST(Launchers, SyntheticSlurmJob) {
 }
 
 }  // namespace
+
+// --- Elastic: several agents on this host, each a "node" (the namespace tests,
+// tests/elastic_hosts.sh, cover separate hosts, dead ones and cut links).
+
+std::vector<std::string> elastic(const std::string& nnodes, int port, const std::string& run_id,
+                                 std::vector<std::string> program, std::vector<std::string> extra = {}) {
+  std::vector<std::string> argv = {CHORUSRUN,
+                                   "--nnodes",
+                                   nnodes,
+                                   "--rdzv-endpoint",
+                                   "127.0.0.1:" + std::to_string(port),
+                                   "--rdzv-id",
+                                   run_id,
+                                   "--rdzv-conf",
+                                   "join_timeout=6,last_call_timeout=0.5"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  argv.insert(argv.end(), program.begin(), program.end());
+  return argv;
+}
+
+TEST(Elastic, BadNodeCountsAreRefusedBeforeAnythingStarts) {
+  for (const auto& [nnodes, says] : std::vector<std::pair<std::string, std::string>>{
+           {"3:2", "MIN must not exceed MAX"}, {"0:2", "at least 1"}, {"2:x", "is not N or MIN:MAX"}}) {
+    auto r = run(elastic(nnodes, free_port(), "bad", {"true"}));
+    EXPECT_EQ(r.exit_code, 2) << nnodes;
+    EXPECT_NE(r.err.find(says), std::string::npos) << nnodes << ": " << r.err;
+  }
+  auto s = run({CHORUSRUN, "--standalone", "--nnodes", "1:2", "true"});
+  EXPECT_EQ(s.exit_code, 2);
+  EXPECT_NE(s.err.find("cannot be elastic"), std::string::npos) << s.err;
+}
+
+TEST(Elastic, ThreeNodesGetDenseRanksAndOneStoreAndOneMasterPort) {
+  const int port = free_port();
+  const std::vector<std::string> program = {
+      "sh", "-c",
+      "echo probe rank=$RANK world=$WORLD_SIZE node=$GROUP_RANK/$GROUP_WORLD_SIZE "
+      "store=$CHORUS_STORE_ADDR:$CHORUS_STORE_PORT master=$MASTER_ADDR:$MASTER_PORT"};
+  std::vector<std::unique_ptr<Process>> agents;
+  for (int i = 0; i < 3; ++i)
+    agents.push_back(std::make_unique<Process>(elastic("2:3", port, "dense", program, {"--nproc-per-node", "2"})));
+  std::string all;
+  std::set<std::string> stores, masters;
+  for (auto& a : agents) {
+    auto r = a->finish();
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    all += r.out;
+    for (const auto& line : lines_of(r.out)) {
+      std::smatch m;
+      if (std::regex_search(line, m, std::regex("store=(\\S+) master=(\\S+)"))) {
+        stores.insert(m[1]);
+        masters.insert(m[2]);
+      }
+    }
+  }
+  for (int r = 0; r < 6; ++r)
+    EXPECT_EQ(count(all, "probe rank=" + std::to_string(r) + " world=6 node=" + std::to_string(r / 2) + "/3"), 1u)
+        << all;
+  EXPECT_EQ(stores.size(), 1u) << all;
+  EXPECT_EQ(masters.size(), 1u) << all;
+}
+
+TEST(Elastic, AgentsThatDisagreeOnTheJobAreRefusedByName) {
+  // Two endpoints' agents with different --nproc-per-node: neither runs anything.
+  const int port = free_port(), port2 = free_port();
+  const std::string endpoints = "127.0.0.1:" + std::to_string(port) + ",127.0.0.1:" + std::to_string(port2);
+  auto with = [&](const std::string& nproc) {
+    return std::vector<std::string>{
+        CHORUSRUN,        "--nnodes", "2:2", "--nproc-per-node", nproc, "--rdzv-endpoint", endpoints, "--rdzv-conf",
+        "join_timeout=5", "echo",     "ran"};
+  };
+  Process a(with("1")), b(with("2"));
+  auto ra = a.finish(), rb = b.finish();
+  EXPECT_NE(ra.exit_code, 0);
+  EXPECT_NE(rb.exit_code, 0);
+  EXPECT_EQ(ra.out.find("ran"), std::string::npos) << ra.out;
+  for (const auto* r : {&ra, &rb}) {
+    EXPECT_NE(r->err.find("every agent of a job needs the same"), std::string::npos) << r->err;
+    EXPECT_NE(r->err.find("nproc-per-node 1'"), std::string::npos) << r->err;
+    EXPECT_NE(r->err.find("nproc-per-node 2'"), std::string::npos) << r->err;
+  }
+
+  // A job of run "left" runs alone (MIN 1); an agent of run "right" aimed at it is refused, and a
+  // stray client without the job's secret can read nothing from its store; the job is unharmed.
+  const int p3 = free_port();
+  const std::vector<std::pair<std::string, std::string>> secret = {{"CHORUS_RDZV_SECRET", "s3cret"}};
+  Process job(elastic("1:2", p3, "left", {"sh", "-c", "sleep 4; echo done"}), secret);
+  std::this_thread::sleep_for(700ms);
+  try {
+    chorus::TcpStore stray("127.0.0.1", p3, 2000ms, std::string());
+    stray.get("state");
+    ADD_FAILURE() << "a client without the secret read the rendezvous";
+  } catch (const chorus::StoreError& e) {
+    EXPECT_NE(std::string(e.what()).find("did not prove it knows it"), std::string::npos) << e.what();
+  }
+  auto wrong = run(elastic("1:2", p3, "left", {"echo", "ran"}), {{"CHORUS_RDZV_SECRET", "guess"}});
+  EXPECT_EQ(wrong.exit_code, 1);
+  EXPECT_EQ(wrong.out.find("ran"), std::string::npos);
+  EXPECT_NE(wrong.err.find("differs from this job's"), std::string::npos) << wrong.err;
+  auto other = run(elastic("1:2", p3, "right", {"echo", "ran"}), secret);
+  EXPECT_EQ(other.exit_code, 1);
+  EXPECT_NE(other.err.find("belongs to another job or configuration ('run left"), std::string::npos) << other.err;
+  auto done = job.finish();
+  EXPECT_EQ(done.exit_code, 0) << done.err;
+  EXPECT_NE(done.out.find("done"), std::string::npos);
+}
+
+TEST(Elastic, LosingANodeFormsARoundOfTheRestAndAFailureDuringRecoveryAnother) {
+  // Three single-worker nodes; the agent holding node 2 is killed with its workers. In the next
+  // round node 0's worker fails once more (a failure during the recovery): a third round forms,
+  // and the job finishes, with 2 of --max-restarts 2 spent. The workers' pids go to `dir`.
+  const int port = free_port();
+  const std::string dir = temp_dir();
+  const std::string script = "echo $$ > " + dir +
+                             "/$TORCHELASTIC_RUN_ID-$RANK-$$.pid; echo probe rank=$RANK world=$WORLD_SIZE "
+                             "round=$TORCHELASTIC_RESTART_COUNT; "
+                             "if [ $WORLD_SIZE = 3 ]; then exec sleep 30; fi; "
+                             "if [ $RANK = 0 ] && [ ! -e " +
+                             dir + "/failed ]; then touch " + dir + "/failed; exit 3; fi; sleep 1";
+  std::vector<std::unique_ptr<Process>> agents;
+  for (int i = 0; i < 3; ++i)
+    agents.push_back(
+        std::make_unique<Process>(elastic("2:3", port, "lose", {"sh", "-c", script}, {"--max-restarts", "2"})));
+  std::this_thread::sleep_for(2500ms);
+  // The agent whose worker is rank 2 (by its output) is the victim.
+  int victim = -1;
+  for (int i = 0; i < 3 && victim < 0; ++i) {
+    char buf[4096];
+    ssize_t n = read(agents[size_t(i)]->out, buf, sizeof(buf));
+    if (n > 0) agents[size_t(i)]->out_text.append(buf, size_t(n));
+    if (agents[size_t(i)]->out_text.find("probe rank=2 world=3") != std::string::npos) victim = i;
+  }
+  ASSERT_GE(victim, 0) << "no node ran rank 2 in the first round";
+  const auto before = pids_in(dir);
+  kill(agents[size_t(victim)]->pid, SIGKILL);  // its workers die with it (PR_SET_PDEATHSIG)
+  std::string all;
+  for (int i = 0; i < 3; ++i) {
+    auto r = agents[size_t(i)]->finish();
+    if (i == victim) continue;
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    all += r.out + r.err;
+  }
+  EXPECT_NE(all.find("is gone (its agent does not answer)"), std::string::npos) << all;
+  EXPECT_NE(all.find("probe rank=1 world=2"), std::string::npos) << all;
+  EXPECT_EQ(count(all, "round 2: 2 node(s)"), 2u) << all;  // after the failure in round 1
+  EXPECT_TRUE(all_gone(pids_in(dir))) << "a worker outlived its job";
+  EXPECT_TRUE(segments_of(pids_in(dir)).empty());
+  (void)before;
+}
+
+TEST(Elastic, FewerThanMinLeftWaitsThenNamesTheLostNodes) {
+  const int port = free_port();
+  Process a(elastic("2:2", port, "few", {"sleep", "30"}, {"--max-restarts", "3"}));
+  Process b(elastic("2:2", port, "few", {"sleep", "30"}, {"--max-restarts", "3"}));
+  std::this_thread::sleep_for(2000ms);
+  kill(b.pid, SIGKILL);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = a.finish();
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  b.finish();
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("no round could be formed within 6 s"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("lost: "), std::string::npos) << r.err;
+  EXPECT_GE(waited, 5.0);
+  EXPECT_LT(waited, 30.0);
+}

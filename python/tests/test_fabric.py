@@ -66,7 +66,7 @@ class Fabric(launch.InNamespace):
         their workers, the launcher may see the death first and stop the survivors before they
         notice: then its own report names the rank and the signal."""
         self.assertNotEqual(out.returncode, 0, out.stdout + out.stderr)
-        survivors = rf"rank {killed} \(pid \d+\) of group 'world' died while rank \d waited"
+        survivors = rf"rank {killed} \(on [^)]+\), pid \d+, of group 'world' died while rank \d waited"
         launchers = [rf"rank {killed} \(pid \d+\) was killed by SIGKILL",  # chorusrun
                      rf"rank *: {killed} \(local_rank: {killed}\)\n *exitcode *: -9"]  # torchrun
         self.assertRegex(out.stderr, "|".join([survivors] + (launchers if launcher_may_stop_them else [])))

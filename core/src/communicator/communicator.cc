@@ -11,6 +11,7 @@
 
 #include "backend.h"
 #include "call_compare.h"
+#include "chorus/core/environment.h"
 #include "chorus/core/error.h"
 #include "chorus/core/prefix_store.h"
 #include "chorus/core/rendezvous.h"
@@ -28,6 +29,16 @@ std::string host_identity() {
   std::string boot;
   std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
   return std::string(host) + " " + boot;
+}
+
+// This process's rank in its whole job, as its launcher gave it (-1: none given).
+int job_rank() {
+  try {
+    const Environment env = Environment::detect();
+    return env.launcher == Launcher::Single ? -1 : env.rank;
+  } catch (const Error&) {
+    return -1;
+  }
 }
 
 std::vector<uint64_t> counts_of(const std::vector<size_t>& v) { return {v.begin(), v.end()}; }
@@ -60,8 +71,10 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
   const auto deadline = Clock::now() + options_.timeout;
   std::string elsewhere;  // the ranks on other hosts
   if (size_ > 1) {
+    // Each rank publishes its host (name and boot id: which ranks share memory) and its rank in
+    // the job, so that messages about a peer of a subgroup say which process of the job it is.
     const std::string me = host_identity();
-    store_->set(detail::concat("host/", rank_), me);
+    store_->set(detail::concat("host/", rank_), detail::concat(me, "\n", job_rank()));
     std::vector<std::string> keys;
     for (int r = 0; r < size_; ++r) keys.push_back(detail::concat("host/", r));
     // Wait in slices, listening between them for a launcher that gave up on the job.
@@ -85,14 +98,24 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
           absent, "init");
     }
     for (int r = 0; r < size_; ++r) {
-      std::string other = store_->get(keys[size_t(r)]);
-      if (other != me)
-        elsewhere += detail::concat(elsewhere.empty() ? "" : ", ", r, " (", other.substr(0, other.find(' ')), ")");
+      const std::string value = store_->get(keys[size_t(r)]);
+      std::string other = value.substr(0, value.find('\n'));
+      const std::string host = other.substr(0, other.find(' '));
+      int global = -1;
+      try {
+        global = std::stoi(value.substr(value.find('\n') + 1));
+      } catch (const std::exception&) {
+      }
+      if (other != me) elsewhere += detail::concat(elsewhere.empty() ? "" : ", ", r, " (", host, ")");
+      rank_names_.push_back(global >= 0 && !(global == r && options_.name == "world")
+                                ? detail::concat("rank ", r, " (global rank ", global, " on ", host, ")")
+                                : detail::concat("rank ", r, " (on ", host, ")"));
       hosts_.push_back(std::move(other));
     }
   }
   BackendOptions bo;
   bo.group_name = options_.name;
+  bo.rank_names = rank_names_;
   bo.shm = options_.shm;
   bo.deadline = deadline;
   backend_ = choose_backend(backend, elsewhere, options_.name).make(*store_, rank_, size_, bo);
@@ -135,6 +158,11 @@ void Communicator::shutdown(Timeout timeout) {
     }
   }
   if (found) std::rethrow_exception(found);
+}
+
+std::string Communicator::describe_rank(int rank) const {
+  if (rank >= 0 && size_t(rank) < rank_names_.size()) return rank_names_[size_t(rank)];
+  return detail::concat("rank ", rank);
 }
 
 std::string Communicator::backend_name() const { return hierarchy_ ? hierarchy_->name() : backend_->name(); }

@@ -39,7 +39,7 @@ class EngineBackend : public Backend {
         rank_(rank),
         size_(size),
         group_(options.group_name),
-        watch_(store, *engine_, rank, size, options.group_name) {}
+        watch_(store, *engine_, rank, size, options) {}
 
   std::string name() const override { return engine_->name(); }
 

@@ -32,8 +32,8 @@ std::optional<PeerWatch::AbortRecord> PeerWatch::decode(const std::string& s) {
   return r;
 }
 
-PeerWatch::PeerWatch(Store& store, Engine& engine, int rank, int size, std::string group)
-    : store_(store), engine_(engine), rank_(rank), size_(size), group_(std::move(group)) {
+PeerWatch::PeerWatch(Store& store, Engine& engine, int rank, int size, const BackendOptions& options)
+    : store_(store), engine_(engine), rank_(rank), size_(size), group_(options.group_name), names_(options) {
   store_.add(WatchKeys::beat(rank_), 1);
   watchdog_ = std::thread([this] { watch(); });
 }
@@ -167,7 +167,7 @@ void PeerWatch::diagnose(const Call& c, const std::string& engine_text) {
   } catch (const StoreError&) {
   }
   if (!left.empty())
-    throw PeerFailure(detail::concat("rank ", left.front(), " left group '", group_,
+    throw PeerFailure(detail::concat(names_.name_rank(left.front()), " left group '", group_,
                                      "' (its communicator was destroyed) while rank ", rank_, " was in ", what),
                       left.front());
   std::vector<int> dead = stopped_beating();
@@ -175,8 +175,9 @@ void PeerWatch::diagnose(const Call& c, const std::string& engine_text) {
   if (dead.empty())
     throw PeerFailure(detail::concat(what, " on group '", group_, "' failed in ", engine_.name(), ": ", engine_text),
                       -1);
-  throw PeerFailure(detail::concat(what, " on group '", group_, "': ", dead.size() == 1 ? "rank " : "ranks ",
-                                   list_ranks(dead), " stopped responding (no heartbeat for ",
+  std::string who;
+  for (int d : dead) who += (who.empty() ? "" : ", ") + names_.name_rank(d);
+  throw PeerFailure(detail::concat(what, " on group '", group_, "': ", who, " stopped responding (no heartbeat for ",
                                    kBeatsToDeath * kBeat.count(), " ms; ", engine_.name(), " said: ", engine_text, ")"),
                     dead.front());
 }

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "abort_cause.h"
+#include "backend.h"
 #include "call.h"
 #include "chorus/core/store.h"
 #include "engine/engine.h"
@@ -49,7 +50,7 @@ struct WatchKeys {
 class PeerWatch {
  public:
   // Starts the watchdog thread of rank `rank` of `size`, on `engine` (which it interrupts).
-  PeerWatch(Store& store, Engine& engine, int rank, int size, std::string group);
+  PeerWatch(Store& store, Engine& engine, int rank, int size, const BackendOptions& options);
   ~PeerWatch();  // stops the watchdog; records that this rank left, after how many collectives
   PeerWatch(const PeerWatch&) = delete;
   PeerWatch& operator=(const PeerWatch&) = delete;
@@ -93,6 +94,7 @@ class PeerWatch {
   Engine& engine_;
   const int rank_, size_;
   const std::string group_;
+  const BackendOptions names_;        // name_rank(): how messages name a peer
   uint64_t calls_ = 0;                // collectives begun
   std::atomic<uint64_t> in_call_{0};  // the collective in progress (its number), or 0
   std::atomic<bool> waiting_any_{false};

@@ -61,6 +61,7 @@ constexpr const char* kState = "state";
 constexpr const char* kInfo = "info";
 constexpr const char* kWaiting = "waiting";
 constexpr const char* kClosed = "closed";
+constexpr const char* kLastCall = "waiting for more nodes (last call)";
 // In the round's store, shared with the workers (chorus/core/elastic.h).
 constexpr const char* kWaitingKey = "chorus/elastic/nodes_waiting";
 constexpr const char* kWatchingKey = "chorus/elastic/watching";
@@ -181,7 +182,27 @@ struct ElasticAgent::Impl {
 
   Round current;                                // the round whose workers run (number -1: none)
   std::unique_ptr<TcpStoreServer> round_store;  // served here when this node is the round's node 0
-  std::shared_ptr<TcpStore> round_client;
+  std::shared_ptr<TcpStore> round_client_;      // see round_client()
+  std::mutex round_mu;
+
+  // A client of the round's store, made when first needed (node 0 may already have moved on
+  // when a round ends at once); null when it cannot be reached.
+  std::shared_ptr<TcpStore> round_client() {
+    std::lock_guard<std::mutex> lock(round_mu);
+    if (!round_client_ && current.store_port > 0) {
+      try {
+        round_client_ =
+            std::make_shared<TcpStore>(current.members[0].addr, current.store_port, kContactTimeout, o.secret);
+      } catch (const StoreError&) {
+      }
+    }
+    return round_client_;
+  }
+  void drop_round() {
+    std::lock_guard<std::mutex> lock(round_mu);
+    round_client_.reset();
+    round_store.reset();
+  }
   std::vector<NodeInfo> known_waiting;
   std::vector<NodeInfo> last_members;  // of the last round this agent was in, for proposing
   std::string last_problem;            // why no round formed yet, for the timeout's message
@@ -195,6 +216,8 @@ struct ElasticAgent::Impl {
   std::optional<std::string> stop_reason;
   int waiting_count = 0;
 
+  // A client of the agent at addr:port. Throws StoreError when it cannot be reached, and
+  // ElasticError when it refuses this agent's secret (another job, or a mistyped secret).
   std::shared_ptr<TcpStore> peer(const std::string& addr, int port) {
     const std::string key = where(addr, port);
     {
@@ -202,7 +225,14 @@ struct ElasticAgent::Impl {
       auto it = peers.find(key);
       if (it != peers.end()) return it->second;
     }
-    auto client = std::make_shared<TcpStore>(addr, port, kContactTimeout, o.secret);
+    std::shared_ptr<TcpStore> client;
+    try {
+      client = std::make_shared<TcpStore>(addr, port, kContactTimeout, o.secret);
+    } catch (const StoreError& e) {
+      if (std::string(e.what()).find("secret") != std::string::npos)
+        throw ElasticError(concat("the agent at ", key, " refused this one: ", e.what()));
+      throw;
+    }
     std::lock_guard<std::mutex> lock(peers_mu);
     return peers.emplace(key, client).first->second;
   }
@@ -377,95 +407,111 @@ struct ElasticAgent::Impl {
         return Outcome::Outbid;
       }
     }
+    // Whether a round can be formed is first judged from what was read, so that no agent is
+    // asked to promise (and stop its workers) for a round that cannot form yet; then again from
+    // the promises.
+    Plan plan = judge(replies, mine, false, first_round_last_call_over);
+    if (!plan.problem.empty()) {
+      last_problem = plan.problem;
+      return Outcome::NotYet;
+    }
     const int64_t round = newest + 1;
     in_parallel_each(replies, [&](Reply& r) { ask_promise(r, round); });
     for (const auto& r : replies)
       if (r.reached && r.config_ok && !r.promised && r.record.outranks(round, self.id)) return Outcome::Outbid;
-
-    // Deduplicate by node (an endpoint address and a member address may be the same agent).
-    std::map<std::string, const Reply*> by_node;
-    for (const auto& r : replies)
-      if (r.reached) by_node.emplace(r.node.id, &r);
-
-    // The previous round: the highest any agent accepted.
-    Round prev;
-    for (const auto& [id, r] : by_node)
-      if (r->promised && r->record.accepted.number > prev.number) prev = r->record.accepted;
-    if (mine.accepted.number > prev.number) prev = mine.accepted;
-
-    // A majority of the previous round's nodes (the first round: of the endpoints) must promise.
-    int voters = 0, electorate = 0;
-    std::vector<std::string> silent;
-    if (prev.number < 0) {
-      for (const auto& [a, p] : o.endpoints) {
-        ++electorate;
-        bool yes = false;
-        for (const auto& r : replies)
-          if (r.addr == a && r.port == p && r.promised) yes = true;
-        voters += yes;
-        if (!yes) silent.push_back(where(a, p));
-      }
-    } else {
-      for (const auto& m : prev.members) {
-        ++electorate;
-        auto it = by_node.find(m.id);
-        const bool yes = it != by_node.end() && it->second->promised;
-        voters += yes;
-        if (!yes) silent.push_back(m.name());
-      }
-    }
-    auto list = [](const std::vector<std::string>& v) {
-      std::string out;
-      for (const auto& s : v) out += (out.empty() ? "" : ", ") + s;
-      return out;
-    };
-    if (voters * 2 <= electorate) {
-      last_problem = prev.number < 0 ? concat("the first round needs more than half of the ", electorate,
-                                              " --rdzv-endpoint agents; ", list(silent), " did not answer")
-                                     : concat("a new round needs more than half of round ", prev.number, "'s ",
-                                              electorate, " nodes; lost: ", list(silent));
-      return Outcome::NotYet;
-    }
-
-    // The members: the previous round's survivors in their order, then newcomers by id.
-    std::vector<NodeInfo> members;
-    std::set<std::string> placed;
-    for (const auto& m : prev.members) {
-      auto it = by_node.find(m.id);
-      if (it != by_node.end() && it->second->promised && it->second->config_ok && placed.insert(m.id).second)
-        members.push_back(it->second->node);
-    }
-    std::vector<NodeInfo> fresh;
-    for (const auto& [id, r] : by_node)
-      if (r->promised && r->config_ok && r->closed.empty() && !placed.count(id)) fresh.push_back(r->node);
-    std::sort(fresh.begin(), fresh.end(), [](const NodeInfo& a, const NodeInfo& b) { return a.id < b.id; });
-    for (auto& n : fresh)
-      if (int(members.size()) < o.max_nodes) members.push_back(n);
-    if (int(members.size()) < o.min_nodes) {
-      std::vector<NodeInfo> lost;
-      for (const auto& m : prev.members)
-        if (!placed.count(m.id)) lost.push_back(m);
-      last_problem =
-          concat(members.size(), " node(s) can form a round, fewer than the minimum of ", o.min_nodes,
-                 prev.number < 0 ? std::string() : concat("; lost since round ", prev.number, ": ", names(lost)));
-      return Outcome::NotYet;
-    }
-    if (prev.number < 0 && int(members.size()) < o.max_nodes && !first_round_last_call_over) {
-      last_problem = "waiting for more nodes (last call)";
+    plan = judge(replies, mine, true, first_round_last_call_over);
+    if (!plan.problem.empty()) {
+      last_problem = plan.problem;
       return Outcome::NotYet;
     }
     Round next;
     next.number = round;
-    next.members = members;
-    next.restarts = std::max(prev.restarts, 0) + (cause == Cause::Failure && prev.number >= 0 ? 1 : 0);
+    next.members = plan.members;
+    // A failure is spent once, by the round that follows the one it ended: a proposer that finds
+    // a newer round already formed (another node dealt with the same failure) spends nothing.
+    next.restarts = std::max(plan.prev.restarts, 0) +
+                    (cause == Cause::Failure && plan.prev.number >= 0 && plan.prev.number <= current.number ? 1 : 0);
     if (next.restarts > o.max_restarts)
       throw ElasticError(
           concat("the job failed ", next.restarts, " time(s) and --max-restarts is ", o.max_restarts, ": giving up"));
-    for (bool ok : in_parallel(members, [&](const NodeInfo& n) { return ask_accept(n, round, &next); }))
+    for (bool ok : in_parallel(next.members, [&](const NodeInfo& n) { return ask_accept(n, round, &next); }))
       if (!ok) return Outcome::Outbid;
-    for (bool ok : in_parallel(members, [&](const NodeInfo& n) { return ask_accept(n, round, nullptr); }))
+    for (bool ok : in_parallel(next.members, [&](const NodeInfo& n) { return ask_accept(n, round, nullptr); }))
       if (!ok) return Outcome::Outbid;
     return Outcome::Formed;
+  }
+
+  struct Plan {
+    std::string problem;  // empty: the round can be formed
+    Round prev;           // the last round any agent accepted
+    std::vector<NodeInfo> members;
+  };
+
+  // Who would be in the next round, given the replies: a node counts when it promised
+  // (`promised`), or, before anyone is asked to, when it answered as a willing agent of this job.
+  Plan judge(const std::vector<Reply>& replies, const Record& mine, bool promised, bool last_call_over) const {
+    Plan plan;
+    auto yes = [&](const Reply& r) { return promised ? r.promised : r.reached && r.config_ok && r.closed.empty(); };
+    // Deduplicate by node (an endpoint address and a member address may be the same agent).
+    std::map<std::string, const Reply*> by_node;
+    for (const auto& r : replies)
+      if (r.reached) by_node.emplace(r.node.id, &r);
+    Round& prev = plan.prev;
+    for (const auto& [id, r] : by_node)
+      if (yes(*r) && r->record.accepted.number > prev.number) prev = r->record.accepted;
+    if (mine.accepted.number > prev.number) prev = mine.accepted;
+
+    // A majority of the previous round's nodes (the first round: of the endpoints).
+    int voters = 0, electorate = 0;
+    std::string silent;
+    auto vote = [&](bool v, const std::string& who) {
+      ++electorate;
+      voters += v;
+      if (!v) silent += (silent.empty() ? "" : ", ") + who;
+    };
+    if (prev.number < 0) {
+      for (const auto& [a, p] : o.endpoints) {
+        bool v = false;
+        for (const auto& r : replies) v = v || (r.addr == a && r.port == p && yes(r));
+        vote(v, where(a, p));
+      }
+    } else {
+      for (const auto& m : prev.members) {
+        auto it = by_node.find(m.id);
+        vote(it != by_node.end() && yes(*it->second), m.name());
+      }
+    }
+    if (voters * 2 <= electorate) {
+      plan.problem = prev.number < 0 ? concat("the first round needs more than half of the ", electorate,
+                                              " --rdzv-endpoint agents; ", silent, " did not answer")
+                                     : concat("a new round needs more than half of round ", prev.number, "'s ",
+                                              electorate, " nodes; lost: ", silent);
+      return plan;
+    }
+    // The members: the previous round's survivors in their order, then newcomers by id.
+    std::set<std::string> placed;
+    for (const auto& m : prev.members) {
+      auto it = by_node.find(m.id);
+      if (it != by_node.end() && yes(*it->second) && placed.insert(m.id).second)
+        plan.members.push_back(it->second->node);
+    }
+    std::vector<NodeInfo> fresh;
+    for (const auto& [id, r] : by_node)
+      if (yes(*r) && !placed.count(id)) fresh.push_back(r->node);
+    std::sort(fresh.begin(), fresh.end(), [](const NodeInfo& a, const NodeInfo& b) { return a.id < b.id; });
+    for (auto& n : fresh)
+      if (int(plan.members.size()) < o.max_nodes) plan.members.push_back(n);
+    if (int(plan.members.size()) < o.min_nodes) {
+      std::vector<NodeInfo> lost;
+      for (const auto& m : prev.members)
+        if (!placed.count(m.id)) lost.push_back(m);
+      plan.problem =
+          concat(plan.members.size(), " node(s) can form a round, fewer than the minimum of ", o.min_nodes,
+                 prev.number < 0 ? std::string() : concat("; lost since round ", prev.number, ": ", names(lost)));
+    } else if (prev.number < 0 && int(plan.members.size()) < o.max_nodes && !last_call_over) {
+      plan.problem = kLastCall;
+    }
+    return plan;
   }
 
   // --- A joining node ------------------------------------------------------------------------
@@ -527,8 +573,7 @@ struct ElasticAgent::Impl {
 
   void start_round(const Round& r) {
     stop_monitor();
-    round_client.reset();
-    round_store.reset();
+    drop_round();
     current = r;
     last_members = r.members;
     if (r.members[0].id == self.id) {
@@ -549,7 +594,6 @@ struct ElasticAgent::Impl {
       std::istringstream ports(s->get(ports_key(r.number)));
       ports >> current.store_port >> current.program_port;
     }
-    round_client = std::make_shared<TcpStore>(r.members[0].addr, current.store_port, 5000ms, o.secret);
     // The waiting list named in this round is served now.
     std::string seen = local->check({kWaiting}) ? local->get(kWaiting) : "";
     std::string kept;
@@ -600,7 +644,8 @@ struct ElasticAgent::Impl {
           waiting_count = int(waiting.size());
           known_waiting = waiting;
         }
-        if (round_client) round_client->set(kWaitingKey, concat(waiting.size()));
+        if (!waiting.empty())
+          if (auto rc = round_client()) rc->set(kWaitingKey, concat(waiting.size()));
       } catch (const StoreError&) {
       }
       for (const auto& m : current.members) {
@@ -615,7 +660,7 @@ struct ElasticAgent::Impl {
             if (closed == "finished") finished.insert(m.id);
           }
           if (theirs.promised > current.number) flag(concat("a new round is forming (", m.name(), " promised it)"));
-        } catch (const StoreError& e) {
+        } catch (const Error& e) {
           forget(m.addr, m.port);
           const std::string what = e.what();
           const bool silent = what.find("within") != std::string::npos && what.find("timed out") != std::string::npos;
@@ -677,8 +722,7 @@ Round ElasticAgent::next_round(Cause cause) {
   Impl& s = *impl_;
   const ElasticOptions& o = s.o;
   s.stop_monitor();
-  s.round_client.reset();
-  s.round_store.reset();
+  s.drop_round();
   const auto start = Clock::now();
   const auto deadline = start + o.join_timeout;
   // Who proposes first: the previous round's node 0 at once, the others after it in their order
@@ -717,11 +761,13 @@ Round ElasticAgent::next_round(Cause cause) {
       try {
         outcome = s.propose(cause, over);
       } catch (const ElasticError& e) {
+        // Said where the other agents look, and kept there a moment so they read it before
+        // this agent's store goes away with it.
         fail(e.what());
+        std::this_thread::sleep_for(o.dead_after);
         throw;
       }
-      if (outcome == Impl::Outcome::NotYet && s.last_problem == "waiting for more nodes (last call)" && !enough_since)
-        enough_since = Clock::now();
+      if (outcome == Impl::Outcome::NotYet && s.last_problem == kLastCall && !enough_since) enough_since = Clock::now();
       if (s.excluded) {
         say(o, concat(s.last_problem, ": this node asks to join it"));
         turn = -1;
@@ -754,7 +800,8 @@ int ElasticAgent::nodes_waiting() const {
 
 bool ElasticAgent::reform_requested() {
   try {
-    return impl_->round_client && impl_->round_client->check({kReformKey});
+    auto rc = impl_->round_client();
+    return rc && rc->check({kReformKey});
   } catch (const StoreError&) {
     return false;
   }
@@ -762,7 +809,8 @@ bool ElasticAgent::reform_requested() {
 
 bool ElasticAgent::workers_watch() {
   try {
-    return impl_->round_client && impl_->round_client->check({kWatchingKey});
+    auto rc = impl_->round_client();
+    return rc && rc->check({kWatchingKey});
   } catch (const StoreError&) {
     return false;
   }

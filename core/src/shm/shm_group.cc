@@ -11,6 +11,7 @@ ShmGroup::ShmGroup(Store& store, int rank, int world, const BackendOptions& opti
     : rank_(rank),
       world_(world),
       name_(options.group_name),
+      named_(options),
       seg_(store, rank, world, options.shm.chunk_bytes, options.shm.single_copy.value_or(single_copy_pays_here()),
            options.deadline, options.group_name),
       policy_(SpinPolicy::for_group(world)),
@@ -204,13 +205,13 @@ void ShmGroup::check_peers(const std::vector<int>& awaited, const std::string& w
     if ((state == kLeft || !watch_.alive(p)) && still_waiting && !still_waiting(p)) continue;  // Note [Done, then gone]
     if (state == kLeft)
       throw PeerFailure(
-          detail::concat("rank ", p, " left group '", name_, "' (its communicator was destroyed) while rank ", rank_,
-                         " waited for it in ", what, " after ", elapsed.count(), " ms"),
+          detail::concat(named_.name_rank(p), " left group '", name_, "' (its communicator was destroyed) while rank ",
+                         rank_, " waited for it in ", what, " after ", elapsed.count(), " ms"),
           p);
     if (!watch_.alive(p))
       throw PeerFailure(
-          detail::concat("rank ", p, " (pid ", seg_.ctrl(p).pid.load(), ") of group '", name_, "' died while rank ",
-                         rank_, " waited for it in ", what, " after ", elapsed.count(), " ms"),
+          detail::concat(named_.name_rank(p), ", pid ", seg_.ctrl(p).pid.load(), ", of group '", name_,
+                         "' died while rank ", rank_, " waited for it in ", what, " after ", elapsed.count(), " ms"),
           p);
   }
   if (Clock::now() < deadline) return;

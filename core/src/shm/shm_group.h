@@ -146,6 +146,7 @@ class ShmGroup {
 
   int rank_, world_;
   std::string name_;
+  BackendOptions named_;  // name_rank(): how messages name a peer
   Segment seg_;
   SpinPolicy policy_;
   PeerWatch watch_;

@@ -88,6 +88,9 @@ class Communicator {
   int rank() const { return rank_; }
   int size() const { return size_; }
   const std::string& name() const { return options_.name; }
+  // How errors name a rank of this group: "rank 2 (global rank 5 on host2)", the job's rank as
+  // its launcher gave it and the host it runs on ("rank 2 (on host2)" in the job's own group).
+  std::string describe_rank(int rank) const;
   // "shm", "gloo", or "hierarchical (shm in each host, gloo between hosts)".
   std::string backend_name() const;
   int host_count() const;  // distinct hosts among the ranks
@@ -196,7 +199,8 @@ class Communicator {
   std::exception_ptr failed_;         // set once aborted
   std::atomic<bool> aborted_{false};  // failed_ is set: the fast path reads only this
   int splits_ = 0;
-  std::vector<std::string> hosts_;  // each rank's host identity
+  std::vector<std::string> hosts_;       // each rank's host identity
+  std::vector<std::string> rank_names_;  // describe_rank()
 };
 
 }  // namespace chorus
