@@ -78,6 +78,69 @@ class Progress {
   int last_tenth_ = -1;
 };
 
+torch::nn::Sequential make_model() {
+  chorus::set_seed(0);
+  return torch::nn::Sequential(torch::nn::Linear(kDim, 512), torch::nn::ReLU(), torch::nn::Linear(512, 512),
+                               torch::nn::ReLU(), torch::nn::Linear(512, kClasses));
+}
+
+// The same training under chorus::elastic::run: the model, optimizer, step and sampler live
+// outside the group; each group (the first, and each after a peer failed or a node joined) wraps
+// the model in DDP again and goes on from the state, which a commit every `commit_every` steps
+// keeps in memory. The same data, model and arithmetic as the Fabric path, so the two agree bit
+// for bit at the same world sizes.
+int train_in_process(int epochs, int batch, int64_t train_size, double lr, int64_t commit_every) {
+  const auto d = make_dataset(train_size, 1, /*seed=*/2026).toGenericDict();  // every rank the same
+  const at::Tensor x_train = d.at("x_train").toTensor(), y_train = d.at("y_train").toTensor();
+  torch::nn::Sequential model = make_model();
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(lr).momentum(0.9));
+  chorus::DistributedSampler sampler(train_size, 1, 0, {.shuffle = true, .seed = 0, .drop_last = true});
+  sampler.set_epoch(1);
+  int64_t step = 0;
+  chorus::elastic::State state{{"model", model}, {"optimizer", opt}, {"step", step}, {"sampler", sampler}};
+  int groups = 0;
+  chorus::elastic::run(state, [&](chorus::ProcessGroup& world) {
+    chorus::DistributedDataParallel ddp(model.ptr());
+    sampler.set_replicas(world.size(), world.rank());
+    if (world.rank() == 0)
+      std::printf("in-process: group %d of %d ranks from step %lld (epoch %lld at sample %lld)\n", ++groups,
+                  world.size(), (long long)step, (long long)sampler.epoch(), (long long)sampler.position());
+    for (int epoch = int(sampler.epoch()); epoch <= epochs; sampler.set_epoch(++epoch)) {
+      const at::Tensor order = sampler.indices();
+      for (int64_t s = 0; s < order.size(0) / batch; ++s) {
+        at::Tensor idx = order.slice(0, s * batch, (s + 1) * batch);
+        opt.zero_grad();
+        at::Tensor loss = torch::nn::functional::cross_entropy(model->forward(x_train.index_select(0, idx)),
+                                                               y_train.index_select(0, idx));
+        loss.backward();
+        opt.step();
+        ++step;
+        sampler.advance(batch);
+        if (commit_every > 0 && step % commit_every == 0) {
+          state.commit();
+          if (world.rank() == 0) std::printf("commit: step %lld\n", (long long)step), std::fflush(stdout);
+        }
+      }
+    }
+  });
+  auto world = chorus::default_group();
+  std::vector<at::Tensor> flat;
+  for (const auto& p : model->parameters()) flat.push_back(p.detach().reshape(-1).clone());
+  at::Tensor params = at::cat(flat), first = params.clone();
+  world->broadcast_(first, 0);
+  at::Tensor differ = torch::tensor(int64_t(!at::equal(params, first)));
+  world->all_reduce_(differ);
+  if (world->rank() == 0) {
+    std::printf("in-process: %lld steps, %d group(s); replicas %s\n", (long long)step, groups,
+                differ.item<int64_t>() == 0 ? "identical, bit for bit" : "DIFFER");
+    std::printf("parameters sha256 %s\n",
+                chorus::sha256_hex(params.data_ptr(), size_t(params.numel()) * params.element_size()).c_str());
+  }
+  world->barrier();
+  chorus::destroy_process_group();
+  return differ.item<int64_t>() == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int train(int argc, char** argv) {
@@ -102,8 +165,13 @@ int train(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--checkpoint-dir", checkpoint_dir,
                  "where checkpoints go (default <out>/checkpoint); a run started on one resumes from it");
+  bool in_process = false;
+  app.add_flag("--in-process", in_process,
+               "elastic in-process recovery (chorus::elastic::run, DDP): a commit in memory every "
+               "--checkpoint-every steps; a lost peer costs the steps since, not a restart");
   CLI11_PARSE(app, argc, argv);
   at::set_num_threads(1);  // ranks share the cores
+  if (in_process) return train_in_process(epochs, batch, train_size, lr, checkpoint_every);
 
   if (checkpoint_dir.empty()) checkpoint_dir = out_dir + "/checkpoint";
   chorus::Fabric fabric({.devices = devices, .strategy = strategy});
@@ -122,9 +190,7 @@ int train(int argc, char** argv) {
   const at::Tensor x_train = d.at("x_train").toTensor(), y_train = d.at("y_train").toTensor();
   const at::Tensor x_test = d.at("x_test").toTensor(), y_test = d.at("y_test").toTensor();
 
-  chorus::set_seed(0);
-  torch::nn::Sequential model(torch::nn::Linear(kDim, 512), torch::nn::ReLU(), torch::nn::Linear(512, 512),
-                              torch::nn::ReLU(), torch::nn::Linear(512, kClasses));
+  torch::nn::Sequential model = make_model();
   // Under "ddp" replicas (DDP inside), under "fsdp" shards: the same loop serves both.
   auto& sdp = fabric.setup_module(model);
   torch::optim::SGD opt(sdp.parameters(), torch::optim::SGDOptions(lr).momentum(0.9));

@@ -183,62 +183,92 @@ int run_elastic(const Options& o, const std::vector<std::string>& program) {
   say(concat("node ", me.name(), ": elastic agent at ", me.addr, ":", me.port, ", run '", eo.run_id, "', ", o.min_nodes,
              " to ", o.max_nodes, " nodes of ", nproc, " worker(s)"));
   chorus::Supervisor supervisor(supervisor_options(o));
-  auto cause = chorus::ElasticAgent::Cause::Start;
-  for (;;) {
-    chorus::Round round;
+  using Cause = chorus::ElasticAgent::Cause;
+  auto env_of = [&](const chorus::Round& round, int local) {
+    const int node_rank = round.node_rank_of(me.id), nnodes = int(round.members.size());
+    auto env = worker_env(o, nproc, local, node_rank, nnodes, round.members[0].addr, round.store_port,
+                          round.program_port, int(round.number), eo.run_id);
+    env.emplace_back("CHORUS_ELASTIC", "1");
+    env.emplace_back("CHORUS_AGENT_ADDR", me.addr);
+    env.emplace_back("CHORUS_AGENT_PORT", concat(me.port));
+    return env;
+  };
+  chorus::Round round;
+  auto next = [&](Cause cause) {
     try {
       round = agent.next_round(cause);
+      return true;
     } catch (const chorus::ElasticError& e) {
       say(e.what());
-      return 1;
+      return false;
     }
+  };
+  if (!next(Cause::Start)) return 1;
+  bool fresh = true;  // start new workers for the round (else tell the running ones their place)
+  for (;;) {
     const int node_rank = round.node_rank_of(me.id), nnodes = int(round.members.size());
     std::string nodes;
     for (const auto& m : round.members) nodes += (nodes.empty() ? "" : ", ") + m.name();
     say(concat("round ", round.number, ": ", nnodes, " node(s) (", nodes, "); this is node ", node_rank, ", ranks ",
-               node_rank * nproc, "-", node_rank * nproc + nproc - 1, " of ", nnodes * nproc));
-    const std::string& store_addr = round.members[0].addr;
-    std::vector<chorus::WorkerSpec> specs;
-    for (int local = 0; local < nproc; ++local) {
-      auto env = worker_env(o, nproc, local, node_rank, nnodes, store_addr, round.store_port, round.program_port,
-                            int(round.number), eo.run_id);
-      env.emplace_back("CHORUS_ELASTIC", "1");
-      specs.push_back({node_rank * nproc + local, program, std::move(env)});
+               node_rank * nproc, "-", node_rank * nproc + nproc - 1, " of ", nnodes * nproc,
+               fresh ? "" : "; the workers go on in their processes"));
+    if (fresh) {
+      std::vector<chorus::WorkerSpec> specs;
+      for (int local = 0; local < nproc; ++local)
+        specs.push_back({node_rank * nproc + local, program, env_of(round, local)});
+      supervisor.start(specs);
+    } else {
+      for (int local = 0; local < nproc; ++local) agent.publish_worker_env(local, env_of(round, local));
     }
     std::string stop_reason;
-    bool joining = false;
-    supervisor.start(specs);
+    Cause cause = Cause::Failure;
+    using chorus::WaitCheck;
     auto failure = supervisor.wait(sigfd, [&] {
       if (auto why = agent.check()) {
         stop_reason = *why;
-        return true;
+        cause = stop_reason.rfind("a new round", 0) == 0 ? Cause::Membership : Cause::Failure;
+        if (stop_reason.rfind("the job failed", 0) == 0) return WaitCheck::Stop;
+        return agent.workers_in_process() ? WaitCheck::Return : WaitCheck::Stop;
       }
-      if (agent.nodes_waiting() > 0 && !agent.workers_watch()) {
-        joining = true;
-        stop_reason = concat(agent.nodes_waiting(), " node(s) waiting to join and the workers do not watch for them");
-        return true;
+      if (agent.round_requested()) {
+        stop_reason = "a worker's group failed";
+        cause = Cause::Failure;
+        return WaitCheck::Return;
       }
-      return false;
+      if (agent.nodes_waiting() == 0) return WaitCheck::Continue;
+      stop_reason = concat(agent.nodes_waiting(), " node(s) wait to join");
+      cause = Cause::Membership;
+      if (agent.workers_in_process()) return agent.reform_requested() ? WaitCheck::Return : WaitCheck::Continue;
+      if (agent.workers_watch()) return WaitCheck::Continue;
+      stop_reason += " and the workers do not watch for them";
+      return WaitCheck::Stop;
     });
     if (!failure) {
       if (agent.reform_requested()) {
         say("the workers left for a new round (nodes are waiting to join)");
-        cause = chorus::ElasticAgent::Cause::Membership;
+        if (!next(Cause::Membership)) return 1;
+        fresh = true;
         continue;
       }
       agent.finish();
       return 0;
     }
     if (failure->rank == chorus::WorkerExit::kInterrupted) return stopped_by_signal(sigfd);
+    if (failure->rank == chorus::WorkerExit::kPaused) {
+      say(concat("forming a new round, the workers waiting in their processes: ", stop_reason));
+      if (!next(cause)) return 1;
+      fresh = false;
+      continue;
+    }
     if (failure->rank == chorus::WorkerExit::kStopped) {
       say(concat("stopped the workers: ", stop_reason));
       if (stop_reason.rfind("the job failed", 0) == 0) return 1;
-      cause = joining || stop_reason.rfind("a new round", 0) == 0 ? chorus::ElasticAgent::Cause::Membership
-                                                                  : chorus::ElasticAgent::Cause::Failure;
-      continue;
+    } else {
+      say(supervisor.describe_failures() + "; the other workers were stopped");
+      cause = Cause::Failure;
     }
-    say(supervisor.describe_failures() + "; the other workers were stopped");
-    cause = chorus::ElasticAgent::Cause::Failure;
+    if (!next(cause)) return 1;
+    fresh = true;
   }
 }
 

@@ -6,9 +6,13 @@
 #   cut2            host 2's link goes down (its agent must give up: no majority on its side)
 #   grow            a 4th host's agent starts (--nnodes 2:4): the ranks let it in at their next
 #                   checkpoint (chorus::elastic::nodes_waiting)
+# ip-kill2, ip-kill0, ip-cut2, ip-grow: the same through in-process recovery (train_ddp
+# --in-process: chorus::elastic::run, a commit in memory every 10 steps, no restart, no disk).
 # The job must finish on the hosts left (or on 4) with exit 0, and its final parameters must be
 # bit-identical to a reference made of two plain runs of the same shapes: 6 ranks up to the step
-# the job resumed from, then the new size from that checkpoint. Every agent authenticates with a
+# the job resumed from, then the new size from that checkpoint (restart path: the step its
+# checkpoint held; in process: the step of its last commit). Each scenario prints the time from
+# the event to the first step of the new round. Every agent authenticates with a
 # shared secret; nothing may be left behind (processes, /dev/shm segments).
 # Usage: tests/elastic_hosts.sh CHORUSRUN TRAIN_DDP ddp|fsdp SCENARIO...
 # Exits 77 (skipped) where network namespaces cannot be made.
@@ -60,46 +64,60 @@ reference() {
 }
 
 scenario() {
-  local what=$1 victim nn=2:3 survivors i t0
+  local what=$1 victim nn=2:3 survivors i t0 mode=()
+  [[ $what == ip-* ]] && mode=(--in-process) && what=${what#ip-}
+  local name=$what${mode:+-ip}
   case $what in
     kill2 | cut2) victim=2 ;;
     kill0) victim=0 ;;
     grow) victim=3 nn=2:4 ;;
     *) fail "unknown scenario $what" ;;
   esac
-  echo "== $what ($strategy)"
-  for i in 0 1 2; do agent $i "$what" $nn "$out/$what"; done
-  for _ in $(seq 1200); do grep -q "checkpoint: step" "$out/$what".host*.log 2>/dev/null && break; sleep 0.05; done
-  grep -q "checkpoint: step" "$out/$what".host*.log || fail "$what: no checkpoint was written"
+  echo "== $name ($strategy)"
+  for i in 0 1 2; do agent $i "$name" $nn "$out/$name" "${mode[@]}"; done
+  for _ in $(seq 1200); do grep -Eq "(checkpoint|commit): step" "$out/$name".host*.log 2>/dev/null && break; sleep 0.05; done
+  grep -Eq "(checkpoint|commit): step" "$out/$name".host*.log || fail "$name: no checkpoint or commit was made"
   sleep "$((RANDOM % 2)).$((RANDOM % 10))"
-  t0=$(date +%s.%N)
+  t0=$(date +%s%N)
   case $what in
     kill*) echo "killing every process of host $victim"; host_kill $victim ;;
     cut2) echo "cutting host $victim's link"; host_cut $victim ;;
-    grow) echo "starting host 3"; agent 3 "$what" $nn "$out/$what" ;;
+    grow) echo "starting host 3"; agent 3 "$name" $nn "$out/$name" "${mode[@]}" ;;
   esac
   survivors=(0 1 2)
   [[ $what == grow ]] && survivors=(0 1 2 3)
   [[ $what == kill* || $what == cut2 ]] && survivors=(${survivors[@]/$victim/})
+  # The first step of the new round: its first progress or checkpoint line after the event.
+  local resumed first_new=""
+  for _ in $(seq 1200); do
+    first_new=$(grep -h "resumed from step\|in-process: group 2" "$out/$name".host*.log 2>/dev/null | head -1)
+    [[ -n $first_new ]] && break
+    sleep 0.05
+  done
+  local t1
+  t1=$(date +%s%N)
   for i in "${survivors[@]}"; do expect_exit $i 0; done
   if [[ $what == cut2 ]]; then
     expect_exit $victim 1
-    grep -q "no round could be formed" "$out/$what.host$victim.log" || fail "the cut-off host did not say why it stopped"
+    grep -q "no round could be formed" "$out/$name.host$victim.log" || fail "the cut-off host did not say why it stopped"
     host_mend $victim
   fi
   [[ $what == kill* ]] && wait "${pids[$victim]}" 2>/dev/null
-  local log="$out/$what.host${survivors[0]}.log"
-  grep -h "round [0-9]*:\|stopped the workers\|resumed from\|exited with\|left for" "$out/$what".host*.log | sort | uniq -c
-  local resumed
-  resumed=$(grep -ho "resumed from step [0-9]*" "$out/$what".host*.log | tail -1 | awk '{print $4}')
-  [[ -n $resumed ]] || fail "$what: the job did not resume from a checkpoint"
+  grep -h "round [0-9]*:\|stopped the workers\|forming a new round\|resumed from\|in-process: group\|exited with\|left for" \
+    "$out/$name".host*.log | sed 's/(on [^)]*)//' | sort | uniq -c
+  if ((${#mode[@]})); then
+    resumed=$(grep -ho "in-process: group 2 of [0-9]* ranks from step [0-9]*" "$out/$name".host*.log | head -1 | awk '{print $NF}')
+  else
+    resumed=$(grep -ho "resumed from step [0-9]*" "$out/$name".host*.log | tail -1 | awk '{print $4}')
+  fi
+  [[ -n $resumed ]] || fail "$name: the job did not go on in a new round"
   local got want
-  got=$(sha_of "$out/$what".host*.log)
-  [[ -n $got ]] || fail "$what: no fingerprint"
-  want=$(reference "ref-$what" "$resumed" "${#survivors[@]}")
-  [[ -n $want ]] || fail "$what: the reference run gave no fingerprint"
-  [[ $got == "$want" ]] || fail "$what: parameters $got differ from the reference's $want (6 ranks to step $resumed, then $((2 * ${#survivors[@]})))"
-  echo "PASSED $what: resumed from step $resumed at $((2 * ${#survivors[@]})) ranks; parameters sha256 $got as the reference"
+  got=$(sha_of "$out/$name".host*.log)
+  [[ -n $got ]] || fail "$name: no fingerprint"
+  want=$(reference "ref-$name" "$resumed" "${#survivors[@]}")
+  [[ -n $want ]] || fail "$name: the reference run gave no fingerprint"
+  [[ $got == "$want" ]] || fail "$name: parameters $got differ from the reference's $want (6 ranks to step $resumed, then $((2 * ${#survivors[@]})))"
+  echo "PASSED $name: went on from step $resumed at $((2 * ${#survivors[@]})) ranks, the new round's first step within $(((t1 - t0) / 1000000)) ms of the event; parameters sha256 $got as the reference"
 }
 
 for s in "$@"; do scenario "$s"; done

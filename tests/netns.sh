@@ -24,7 +24,7 @@ netns_down() {
 
 netns_up() {
   netns_can $A
-  trap 'netns_down; eval "${netns_cleanup:-:}"' EXIT
+  netns_traps
   ip netns add $B &&
     ip link add ${A}v type veth peer name ${B}v &&
     ip link set ${A}v netns $A &&
@@ -34,6 +34,13 @@ netns_up() {
   for ns in $A $B; do
     ip -n $ns link set lo up && ip -n $ns link set ${ns}v up || { echo "FAILED: bringing up $ns"; exit 1; }
   done
+}
+
+# Removed at exit, and when the test is stopped (ctest's timeout sends SIGTERM).
+netns_traps() {
+  trap 'netns_down; eval "${netns_cleanup:-:}"' EXIT
+  trap 'exit 143' TERM
+  trap 'exit 130' INT
 }
 
 netns_can() {
@@ -46,7 +53,7 @@ netns_can() {
 hosts_up() {
   local n=$1 i ns
   netns_can $SWITCH
-  trap 'netns_down; eval "${netns_cleanup:-:}"' EXIT
+  netns_traps
   ip -n $SWITCH link add br0 type bridge && ip -n $SWITCH link set br0 up && ip -n $SWITCH link set lo up ||
     { echo "FAILED: making the bridge"; exit 1; }
   for ((i = 0; i < n; i++)); do

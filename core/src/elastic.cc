@@ -3,28 +3,72 @@
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <sstream>
 #include <string>
+#include <thread>
 
 #include "chorus/core/error.h"
 #include "chorus/core/tcp_store.h"
 
 namespace chorus::elastic {
 
+using detail::concat;
+
 namespace {
 
-// The round's store as chorusrun serves it (CHORUS_STORE_ADDR/PORT), without the per-attempt
-// prefix connect_store() adds: the keys below are the launcher's.
-Store& round_store() {
-  static std::once_flag once;
-  static std::shared_ptr<TcpStore> store;
-  std::call_once(once, [] {
-    const char* addr = std::getenv("CHORUS_STORE_ADDR");
-    const char* port = std::getenv("CHORUS_STORE_PORT");
-    if (!addr || !port)
-      throw InvalidArgument("chorus::elastic: CHORUS_STORE_ADDR/PORT are not set (not under chorusrun)");
-    store = std::make_shared<TcpStore>(addr, std::atoi(port));
-  });
-  return *store;
+// Keys chorusrun reads in the round's store and in its own (elastic_agent.cc).
+constexpr const char* kWaitingKey = "chorus/elastic/nodes_waiting";
+constexpr const char* kWatchingKey = "chorus/elastic/watching";
+constexpr const char* kReformKey = "chorus/elastic/reform";
+constexpr const char* kInProcessKey = "chorus/elastic/in_process";
+constexpr const char* kRequestKey = "worker/request";
+
+std::string env_or_throw(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v) throw InvalidArgument(concat("chorus::elastic: ", name, " is not set (not under an elastic chorusrun)"));
+  return v;
+}
+
+// A client of the store at the address in variables addr_var/port_var, made again when they
+// change (a new round has a store of its own).
+class StoreOf {
+ public:
+  StoreOf(const char* addr_var, const char* port_var) : addr_var_(addr_var), port_var_(port_var) {}
+  Store& get() {
+    const std::string where = env_or_throw(addr_var_) + ":" + env_or_throw(port_var_);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!store_ || where != where_) {
+      store_ = std::make_shared<TcpStore>(env_or_throw(addr_var_), std::atoi(env_or_throw(port_var_).c_str()));
+      where_ = where;
+      told_.clear();
+    }
+    return *store_;
+  }
+  // Sets key once per store.
+  void tell_once(const std::string& key) {
+    Store& s = get();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (told_.find("\n" + key + "\n") != std::string::npos) return;
+    s.set(key, "1");
+    told_ += "\n" + key + "\n";
+  }
+
+ private:
+  const char *addr_var_, *port_var_;
+  std::mutex mu_;
+  std::shared_ptr<TcpStore> store_;
+  std::string where_, told_;
+};
+
+// The round's store as chorusrun serves it, without the per-attempt prefix connect_store() adds:
+// the keys are the launcher's.
+StoreOf& round_store() {
+  static StoreOf s("CHORUS_STORE_ADDR", "CHORUS_STORE_PORT");
+  return s;
+}
+StoreOf& agent_store() {
+  static StoreOf s("CHORUS_AGENT_ADDR", "CHORUS_AGENT_PORT");
+  return s;
 }
 
 }  // namespace
@@ -38,10 +82,9 @@ int nodes_waiting(Communicator& comm) {
   if (!launched()) return 0;
   int64_t waiting = 0;
   if (comm.rank() == 0) {
-    Store& store = round_store();
-    static std::once_flag told;
-    std::call_once(told, [&] { store.set("chorus/elastic/watching", "1"); });
-    if (store.check({"chorus/elastic/nodes_waiting"})) waiting = std::stoll(store.get("chorus/elastic/nodes_waiting"));
+    round_store().tell_once(kWatchingKey);
+    Store& store = round_store().get();
+    if (store.check({kWaitingKey})) waiting = std::stoll(store.get(kWaitingKey));
   }
   comm.broadcast(&waiting, 1, DataType::Int64, 0);
   return int(waiting);
@@ -49,8 +92,45 @@ int nodes_waiting(Communicator& comm) {
 
 void request_new_round(Communicator& comm) {
   if (!launched()) return;
-  if (comm.rank() == 0) round_store().set("chorus/elastic/reform", "1");
+  if (comm.rank() == 0) round_store().get().set(kReformKey, "1");
   comm.barrier();
+}
+
+void announce_in_process(Communicator& comm) {
+  if (launched() && comm.rank() == 0) round_store().tell_once(kInProcessKey);
+}
+
+void ask_for_new_round(const std::string& why) {
+  // The round it is in, so that the agent ignores a request a newer round already answered.
+  if (launched()) agent_store().get().set(kRequestKey, env_or_throw("CHORUS_RESTART_COUNT") + " " + why);
+}
+
+void await_next_round(std::chrono::milliseconds timeout) {
+  const int current = std::atoi(env_or_throw("CHORUS_RESTART_COUNT").c_str());
+  const std::string key = concat("worker/", env_or_throw("CHORUS_LOCAL_RANK"));
+  Store& agent = agent_store().get();
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    if (agent.check({key})) {
+      std::istringstream in(agent.get(key));
+      int round = -1;
+      in >> round;
+      if (round > current) {
+        std::string line;
+        std::getline(in, line);
+        while (std::getline(in, line)) {
+          const size_t eq = line.find('=');
+          if (eq != std::string::npos) setenv(line.substr(0, eq).c_str(), line.substr(eq + 1).c_str(), 1);
+        }
+        return;
+      }
+    }
+    if (std::chrono::steady_clock::now() >= deadline)
+      throw TimeoutError(concat("chorus::elastic: no new round reached this worker within ", timeout.count(),
+                                " ms (round ", current, " ended; is its chorusrun still running?)"),
+                         {}, "elastic");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
 }
 
 }  // namespace chorus::elastic

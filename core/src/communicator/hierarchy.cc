@@ -61,8 +61,9 @@ void Hierarchy::step(const Call& c, const Communicator& sub, const std::vector<i
     throw;
   } catch (const PeerFailure& e) {
     const int r = e.failed_rank() >= 0 ? members[size_t(e.failed_rank())] : -1;
-    group_.fail(std::make_exception_ptr(
-        PeerFailure(detail::concat(where, group_.describe_rank(r), " failed (", e.what(), ")"), r)));
+    group_.fail(std::make_exception_ptr(PeerFailure(
+        detail::concat(where, r >= 0 ? group_.describe_rank(r) : std::string("a peer"), " failed (", e.what(), ")"),
+        r)));
   } catch (const TimeoutError& e) {
     std::vector<int> missing;
     for (int m : e.missing_ranks()) missing.push_back(members[size_t(m)]);

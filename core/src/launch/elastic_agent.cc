@@ -66,6 +66,9 @@ constexpr const char* kLastCall = "waiting for more nodes (last call)";
 constexpr const char* kWaitingKey = "chorus/elastic/nodes_waiting";
 constexpr const char* kWatchingKey = "chorus/elastic/watching";
 constexpr const char* kReformKey = "chorus/elastic/reform";
+constexpr const char* kInProcessKey = "chorus/elastic/in_process";
+// In the agent's own store, shared with its workers (chorus/core/elastic.h).
+constexpr const char* kRequestKey = "worker/request";
 
 std::string ports_key(int64_t round) { return concat("ports/", round); }
 
@@ -207,6 +210,7 @@ struct ElasticAgent::Impl {
   std::vector<NodeInfo> last_members;  // of the last round this agent was in, for proposing
   std::string last_problem;            // why no round formed yet, for the timeout's message
   std::set<std::string> warned;
+  std::atomic<bool> in_process{false};  // the workers said so (sticky: they keep their processes)
 
   // The monitor's findings while a round runs.
   std::mutex mon_mu;
@@ -574,6 +578,7 @@ struct ElasticAgent::Impl {
   void start_round(const Round& r) {
     stop_monitor();
     drop_round();
+    local->delete_key(kRequestKey);
     current = r;
     last_members = r.members;
     if (r.members[0].id == self.id) {
@@ -646,6 +651,9 @@ struct ElasticAgent::Impl {
         }
         if (!waiting.empty())
           if (auto rc = round_client()) rc->set(kWaitingKey, concat(waiting.size()));
+        // Learnt while the round's store is there to ask: it may be on the node that is lost.
+        if (!in_process)
+          if (auto rc = round_client()) in_process = rc->check({kInProcessKey});
       } catch (const StoreError&) {
       }
       for (const auto& m : current.members) {
@@ -805,6 +813,36 @@ bool ElasticAgent::reform_requested() {
   } catch (const StoreError&) {
     return false;
   }
+}
+
+bool ElasticAgent::workers_in_process() {
+  Impl& s = *impl_;
+  if (s.in_process) return true;
+  try {
+    auto rc = s.round_client();
+    s.in_process = rc && rc->check({kInProcessKey});
+  } catch (const StoreError&) {
+  }
+  return s.in_process;
+}
+
+bool ElasticAgent::round_requested() {
+  try {
+    if (!impl_->local->check({kRequestKey})) return false;
+    // "<round the worker was in> <why>": a request from a round already left is answered.
+    std::istringstream in(impl_->local->get(kRequestKey));
+    int64_t round = -1;
+    in >> round;
+    return round >= impl_->current.number;
+  } catch (const StoreError&) {
+    return false;
+  }
+}
+
+void ElasticAgent::publish_worker_env(int local_rank, const std::vector<std::pair<std::string, std::string>>& env) {
+  std::string text = concat(impl_->current.number, "\n");
+  for (const auto& [k, v] : env) text += k + "=" + v + "\n";
+  impl_->local->set(concat("worker/", local_rank), text);
 }
 
 bool ElasticAgent::workers_watch() {

@@ -284,7 +284,7 @@ void Supervisor::settle() {
   }
 }
 
-std::optional<WorkerExit> Supervisor::wait(int interrupt_fd, const std::function<bool()>& stop_now) {
+std::optional<WorkerExit> Supervisor::wait(int interrupt_fd, const std::function<WaitCheck()>& check) {
   auto& workers = s_->workers;
   s_->failures.clear();
   for (;;) {
@@ -305,11 +305,11 @@ std::optional<WorkerExit> Supervisor::wait(int interrupt_fd, const std::function
     }
     // Without pidfds (old kernels) poll with a timeout and reap by polling.
     int ready = poll(fds.data(), fds.size(), 100);
-    if (stop_now && stop_now()) {
-      stop();
-      WorkerExit stopped;
-      stopped.rank = WorkerExit::kStopped;
-      return stopped;
+    if (const WaitCheck wanted = check ? check() : WaitCheck::Continue; wanted != WaitCheck::Continue) {
+      if (wanted == WaitCheck::Stop) stop();
+      WorkerExit out;
+      out.rank = wanted == WaitCheck::Stop ? WorkerExit::kStopped : WorkerExit::kPaused;
+      return out;
     }
     if (ready < 0 && errno != EINTR) throw Error(concat(s_->options.name, ": poll failed: ", std::strerror(errno)));
     std::vector<Worker*> exited;

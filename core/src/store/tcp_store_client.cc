@@ -23,6 +23,10 @@ namespace {
 // Blocking calls on the server carry their own timeout; the client allows this much more for
 // the answer to travel back before it gives up on the server.
 constexpr auto kReplyGrace = std::chrono::seconds(5);
+// Once a server has answered, a refused connection means it is gone (its host died, or the
+// launcher that served it moved on), not that it has yet to start: give up after this long
+// rather than after the whole timeout, so that a rank waiting on a vanished store fails fast.
+constexpr auto kReconnect = std::chrono::seconds(2);
 }  // namespace
 
 namespace {
@@ -79,7 +83,7 @@ std::string TcpStore::call(Build&& build, const std::string& what, std::chrono::
       idle_.pop_back();
     }
   }
-  if (fd < 0) fd = open_connection(timeout());
+  if (fd < 0) fd = open_connection(std::min<std::chrono::milliseconds>(timeout(), kReconnect));
   wire::Writer w;
   w.u32(id);
   build(w);

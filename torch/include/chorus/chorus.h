@@ -12,6 +12,7 @@
 #include "chorus/core/elastic.h"
 #include "chorus/core/error.h"
 #include "chorus/ddp.h"
+#include "chorus/elastic.h"
 #include "chorus/fabric.h"
 #include "chorus/ivalue_convert.h"
 #include "chorus/lightning.h"

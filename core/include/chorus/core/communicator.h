@@ -91,6 +91,9 @@ class Communicator {
   // How errors name a rank of this group: "rank 2 (global rank 5 on host2)", the job's rank as
   // its launcher gave it and the host it runs on ("rank 2 (on host2)" in the job's own group).
   std::string describe_rank(int rank) const;
+  // True once a failure (a peer that died or left, a mismatch, a timeout) left the group
+  // unusable: every later call rethrows it.
+  bool failed() const { return aborted_.load(std::memory_order_acquire); }
   // "shm", "gloo", or "hierarchical (shm in each host, gloo between hosts)".
   std::string backend_name() const;
   int host_count() const;  // distinct hosts among the ranks

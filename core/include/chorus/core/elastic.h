@@ -13,6 +13,9 @@
 // from their last checkpoint.
 #pragma once
 
+#include <chrono>
+#include <string>
+
 #include "chorus/core/communicator.h"
 
 namespace chorus::elastic {
@@ -28,5 +31,16 @@ int nodes_waiting(Communicator& comm);
 // Tells chorusrun that the workers leave to let the waiting nodes in (a collective; call it on
 // every rank, then exit with 0). Outside an elastic job it does nothing.
 void request_new_round(Communicator& comm);
+
+// ---- For in-process recovery (chorus::elastic::run in chorus/elastic.h builds on these) ----
+// Tells chorusrun that this round's workers recover in process: on a change of membership it
+// keeps them running and tells them their new place instead of restarting them.
+void announce_in_process(Communicator& comm);
+// Asks this node's chorusrun for a new round (the group failed here; `why` for its log).
+void ask_for_new_round(const std::string& why);
+// Blocks until chorusrun tells this worker its place in a round newer than the one it is in,
+// then sets the variables (RANK, WORLD_SIZE, CHORUS_STORE_PORT, ...) so that
+// init_process_group() joins it. Throws TimeoutError after `timeout`.
+void await_next_round(std::chrono::milliseconds timeout);
 
 }  // namespace chorus::elastic

@@ -92,6 +92,14 @@ class ElasticAgent {
   // so the agent leaves the step boundary to them.
   bool workers_watch();
 
+  // In-process recovery (Note [Elastic in process]): the workers of this round run inside
+  // chorus::elastic::run and survive a change of membership.
+  bool workers_in_process();
+  // A local worker asked for a new round (its group failed and the agents noticed nothing).
+  bool round_requested();
+  // Tells local worker `local_rank` its place in the round just formed (its variables).
+  void publish_worker_env(int local_rank, const std::vector<std::pair<std::string, std::string>>& env);
+
   // This node's workers finished: tells the others and, when this node serves the round's
   // store, waits (bounded) for the other nodes' workers to finish too.
   void finish();

@@ -19,6 +19,10 @@
 
 namespace chorus {
 
+// What wait()'s periodic check wants: go on waiting, stop the workers and return, or return
+// leaving them running.
+enum class WaitCheck { Continue, Stop, Return };
+
 struct WorkerSpec {
   int rank = 0;                                          // how output and messages name the worker
   std::vector<std::string> argv;                         // argv[0]: a path, or a name looked up in PATH
@@ -42,7 +46,8 @@ struct SupervisorOptions {
 
 struct WorkerExit {
   static constexpr int kInterrupted = -1;  // wait() returned because interrupt_fd was readable
-  static constexpr int kStopped = -2;      // wait() returned because stop_now() said so
+  static constexpr int kStopped = -2;      // wait() returned because `check` said Stop
+  static constexpr int kPaused = -3;       // wait() returned because `check` said Return; workers run on
   int rank = kInterrupted;
   int pid = 0;
   int exit_code = 0;  // when it exited
@@ -67,9 +72,10 @@ class Supervisor {
   // first failure. Workers that fail within a moment of it (often the cause: a rank whose exit
   // was slowed by its own teardown, while its peers gave up at once) are collected too, see
   // failures(); then the others are stopped. Also returns when `interrupt_fd` (if >= 0) becomes
-  // readable (rank kInterrupted), or when `stop_now` (asked about every 100 ms) returns true
-  // (rank kStopped): then stops every worker first.
-  std::optional<WorkerExit> wait(int interrupt_fd = -1, const std::function<bool()>& stop_now = {});
+  // readable (rank kInterrupted: every worker stopped first), or when `check` (asked about every
+  // 100 ms) says Stop (rank kStopped, every worker stopped first) or Return (rank kPaused, the
+  // workers still running: wait() may be called again for them).
+  std::optional<WorkerExit> wait(int interrupt_fd = -1, const std::function<WaitCheck()>& check = {});
   // The failures the last wait() saw, in the order they exited.
   const std::vector<WorkerExit>& failures() const;
   // "rank 1 (pid 7) exited with code 9; rank 2 (pid 8) exited with code 5"
