@@ -78,6 +78,12 @@ class Progress {
   int last_tenth_ = -1;
 };
 
+// Wall-clock milliseconds, for the time a recovery took (tests/elastic_hosts.sh reads it).
+long long unix_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 torch::nn::Sequential make_model() {
   chorus::set_seed(0);
   return torch::nn::Sequential(torch::nn::Linear(kDim, 512), torch::nn::ReLU(), torch::nn::Linear(512, 512),
@@ -102,9 +108,12 @@ int train_in_process(int epochs, int batch, int64_t train_size, double lr, int64
   chorus::elastic::run(state, [&](chorus::ProcessGroup& world) {
     chorus::DistributedDataParallel ddp(model.ptr());
     sampler.set_replicas(world.size(), world.rank());
+    ++groups;  // on every rank: a survivor that becomes rank 0 counts as the others do
     if (world.rank() == 0)
-      std::printf("in-process: group %d of %d ranks from step %lld (epoch %lld at sample %lld)\n", ++groups,
-                  world.size(), (long long)step, (long long)sampler.epoch(), (long long)sampler.position());
+      std::printf("in-process: group %d of %d ranks from step %lld (epoch %lld at sample %lld)\n", groups, world.size(),
+                  (long long)step, (long long)sampler.epoch(), (long long)sampler.position()),
+          std::fflush(stdout);
+    bool first = true;
     for (int epoch = int(sampler.epoch()); epoch <= epochs; sampler.set_epoch(++epoch)) {
       const at::Tensor order = sampler.indices();
       for (int64_t s = 0; s < order.size(0) / batch; ++s) {
@@ -116,6 +125,8 @@ int train_in_process(int epochs, int batch, int64_t train_size, double lr, int64
         opt.step();
         ++step;
         sampler.advance(batch);
+        if (first && world.rank() == 0) std::printf("first step of group %d done at unix ms %lld\n", groups, unix_ms());
+        first = false;
         if (commit_every > 0 && step % commit_every == 0) {
           state.commit();
           if (world.rank() == 0) std::printf("commit: step %lld\n", (long long)step), std::fflush(stdout);
@@ -203,12 +214,15 @@ int train(int argc, char** argv) {
   sampler.set_epoch(1);
   int64_t step = 0;  // steps taken in all, across epochs and world sizes
   chorus::CheckpointState state{{"model", sdp}, {"optimizer", opt}, {"step", step}, {"sampler", sampler}};
+  bool resumed = false;
   if (std::filesystem::exists(checkpoint_dir + "/metadata")) {
+    resumed = true;
     fabric.load(checkpoint_dir, state);
     sampler.set_replicas(world, rank);  // the rest of the epoch, dealt out over this run's ranks
     fabric.print("resumed from step", step, "(epoch", sampler.epoch(), "at sample", sampler.position(), "of",
                  train_size, ") at", world, "ranks (" + checkpoint_dir + ")");
   }
+  const int64_t resumed_epoch = sampler.epoch();
   int64_t samples_seen = 0;
   bool leaving = false;  // for a new round: nodes wait to join
   const auto t_train = Clock::now();
@@ -227,6 +241,8 @@ int train(int argc, char** argv) {
       opt.step();
       ++step;
       sampler.advance(batch);
+      if (s == 0 && epoch == int(resumed_epoch) && resumed)
+        fabric.print("first step after resuming done at unix ms", unix_ms());
       running = running == 0 ? loss.item<double>() : 0.95 * running + 0.05 * loss.item<double>();
       samples_seen += batch * world;
       const double secs = std::chrono::duration<double>(Clock::now() - t_train).count();

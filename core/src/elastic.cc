@@ -105,16 +105,29 @@ void ask_for_new_round(const std::string& why) {
   if (launched()) agent_store().get().set(kRequestKey, env_or_throw("CHORUS_RESTART_COUNT") + " " + why);
 }
 
-void await_next_round(std::chrono::milliseconds timeout) {
-  const int current = std::atoi(env_or_throw("CHORUS_RESTART_COUNT").c_str());
+namespace {
+// This worker's place in the newest round its agent told it of: (round, the rest of the text).
+std::pair<int, std::string> published_place() {
   const std::string key = concat("worker/", env_or_throw("CHORUS_LOCAL_RANK"));
   Store& agent = agent_store().get();
+  if (!agent.check({key})) return {-1, ""};
+  const std::string text = agent.get(key);
+  return {std::atoi(text.c_str()), text};
+}
+}  // namespace
+
+bool next_round_published() {
+  if (!launched()) return false;
+  return published_place().first > std::atoi(env_or_throw("CHORUS_RESTART_COUNT").c_str());
+}
+
+void await_next_round(std::chrono::milliseconds timeout) {
+  const int current = std::atoi(env_or_throw("CHORUS_RESTART_COUNT").c_str());
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
-    if (agent.check({key})) {
-      std::istringstream in(agent.get(key));
-      int round = -1;
-      in >> round;
+    {
+      auto [round, text] = published_place();
+      std::istringstream in(text);
       if (round > current) {
         std::string line;
         std::getline(in, line);

@@ -210,12 +210,20 @@ void Communicator::execute(Call& call, Timeout timeout) {
   execute_with(call, timeout, [&] { backend_->run(call); });
 }
 
+void Communicator::abort(const std::string& why) {
+  fail(std::make_exception_ptr(
+      PeerFailure(detail::concat("group '", options_.name, "' on rank ", rank_, ": ", why), -1)));
+}
+
 void Communicator::fail(const std::exception_ptr& error) {
-  std::lock_guard<std::mutex> lock(state_mu_);
-  if (failed_) return;
-  failed_ = error;
-  backend_->abort(failed_);
-  aborted_.store(true, std::memory_order_release);
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    if (failed_) return;
+    failed_ = error;
+    backend_->abort(failed_);
+    aborted_.store(true, std::memory_order_release);
+  }
+  if (hierarchy_) hierarchy_->fail(error);  // outside the lock: a step's failure comes back here
 }
 
 void Communicator::all_reduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op, Timeout timeout) {

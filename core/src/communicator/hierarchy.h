@@ -38,6 +38,11 @@ class Hierarchy {
   void all_reduce(Call& c, Timeout timeout);
   // "hierarchical (shm in each host, gloo between hosts)"
   std::string name() const;
+  // The group failed: so do its subgroups, so that a rank blocked in a step is released.
+  void fail(const std::exception_ptr& error) {
+    for (auto* sub : {node_.get(), cross_.get()})
+      if (sub) sub->fail(error);
+  }
 
  private:
   Hierarchy(Communicator& group) : group_(group) {}

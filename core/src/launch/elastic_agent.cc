@@ -33,19 +33,21 @@ using namespace std::chrono_literals;
 //   1. promise: proposal (round number, proposer id) goes into every reachable agent's record
 //      unless a higher one is there. The answers carry each agent's node, configuration and last
 //      round, and the nodes waiting to join that it heard of.
-//   2. accept: when more than half of the previous round's nodes promised (the first round: of
-//      the endpoints), and MIN <= candidates, every member of the new round stores it, still
-//      under this proposal.
+//   2. accept: when a majority of the previous round's nodes promised (the first round: of the
+//      endpoints), and MIN <= candidates, every member of the new round stores it, still under
+//      this proposal. A majority is more than half, or exactly half when that half holds the
+//      previous round's node 0 (the first endpoint): of two halves only one can.
 //   3. go: the same records are marked to go. An agent starts its workers only for a round that
 //      goes, and stops them as soon as its record promises a higher round than the one they run.
 // Two rounds never run at once: each needs a majority of the one before, so their voters
-// overlap, and an agent that promised the later one stops the earlier one's workers; a round
+// overlap (two majorities of one round always share a node), and an agent that promised the later one stops the earlier one's workers; a round
 // whose members did not all accept never goes. Ranks follow the previous round's order (the
 // survivors keep their relative order, so rank 0 is the oldest node), newcomers after them.
 //
-// What this costs: a majority is needed, so a job of 2 nodes that loses one (host dead or cut
-// off: the two cases look the same from the other side) cannot go on alone; one whose peer's
-// agent still answers (only its workers died) can, since that agent still votes. MIN caps the
+// What this costs: a majority is needed, so a job of 2 nodes that loses its node 0 (host dead or
+// cut off: the two cases look the same from the other side) cannot go on alone, while one that
+// loses node 1 can; so can any whose lost node's agent still answers (only its workers died),
+// since that agent still votes. MIN caps the
 // other way: fewer than MIN willing nodes wait up to the join timeout, then the agents exit
 // naming the nodes lost.
 //
@@ -56,7 +58,9 @@ using namespace std::chrono_literals;
 
 namespace {
 
-constexpr auto kContactTimeout = 1000ms;  // connecting to or asking another agent
+// Connecting to or asking another agent. Short: an agent that does not answer this fast is
+// asked again in the next attempt (every 200-300 ms), and one silent for dead_after is lost.
+constexpr auto kContactTimeout = 300ms;
 constexpr const char* kState = "state";
 constexpr const char* kInfo = "info";
 constexpr const char* kWaiting = "waiting";
@@ -465,10 +469,14 @@ struct ElasticAgent::Impl {
       if (yes(*r) && r->record.accepted.number > prev.number) prev = r->record.accepted;
     if (mine.accepted.number > prev.number) prev = mine.accepted;
 
-    // A majority of the previous round's nodes (the first round: of the endpoints).
+    // A majority of the previous round's nodes (the first round: of the endpoints), or exactly
+    // half of them when that half holds its node 0 (the first endpoint): two halves of a split
+    // network cannot both hold it.
     int voters = 0, electorate = 0;
+    bool first_voted = false;
     std::string silent;
     auto vote = [&](bool v, const std::string& who) {
+      if (electorate == 0) first_voted = v;
       ++electorate;
       voters += v;
       if (!v) silent += (silent.empty() ? "" : ", ") + who;
@@ -485,11 +493,12 @@ struct ElasticAgent::Impl {
         vote(it != by_node.end() && yes(*it->second), m.name());
       }
     }
-    if (voters * 2 <= electorate) {
-      plan.problem = prev.number < 0 ? concat("the first round needs more than half of the ", electorate,
-                                              " --rdzv-endpoint agents; ", silent, " did not answer")
-                                     : concat("a new round needs more than half of round ", prev.number, "'s ",
-                                              electorate, " nodes; lost: ", silent);
+    if (voters * 2 < electorate || (voters * 2 == electorate && !first_voted)) {
+      plan.problem = prev.number < 0
+                         ? concat("the first round needs more than half of the ", electorate,
+                                  " --rdzv-endpoint agents (or half with the first); ", silent, " did not answer")
+                         : concat("a new round needs more than half of round ", prev.number, "'s ", electorate,
+                                  " nodes (or half with its node 0); lost: ", silent);
       return plan;
     }
     // The members: the previous round's survivors in their order, then newcomers by id.
@@ -499,10 +508,18 @@ struct ElasticAgent::Impl {
       if (it != by_node.end() && yes(*it->second) && placed.insert(m.id).second)
         plan.members.push_back(it->second->node);
     }
+    // Newcomers: the endpoints' agents in the order listed, then the others by id.
+    auto endpoint_of = [&](const NodeInfo& n) {
+      for (size_t i = 0; i < o.endpoints.size(); ++i)
+        if (o.endpoints[i].first == n.addr && o.endpoints[i].second == n.port) return int(i);
+      return int(o.endpoints.size());
+    };
     std::vector<NodeInfo> fresh;
     for (const auto& [id, r] : by_node)
       if (yes(*r) && !placed.count(id)) fresh.push_back(r->node);
-    std::sort(fresh.begin(), fresh.end(), [](const NodeInfo& a, const NodeInfo& b) { return a.id < b.id; });
+    std::sort(fresh.begin(), fresh.end(), [&](const NodeInfo& a, const NodeInfo& b) {
+      return std::make_pair(endpoint_of(a), a.id) < std::make_pair(endpoint_of(b), b.id);
+    });
     for (auto& n : fresh)
       if (int(plan.members.size()) < o.max_nodes) plan.members.push_back(n);
     if (int(plan.members.size()) < o.min_nodes) {

@@ -83,7 +83,15 @@ std::string TcpStore::call(Build&& build, const std::string& what, std::chrono::
       idle_.pop_back();
     }
   }
-  if (fd < 0) fd = open_connection(std::min<std::chrono::milliseconds>(timeout(), kReconnect));
+  if (fd < 0) {
+    if (gone_.load()) throw StoreError(detail::concat(describe(), ": the server has gone away (", what, ")"));
+    try {
+      fd = open_connection(std::min<std::chrono::milliseconds>(timeout(), kReconnect));
+    } catch (const StoreError&) {
+      gone_.store(true);  // once: later calls fail at once instead of trying for kReconnect each
+      throw;
+    }
+  }
   wire::Writer w;
   w.u32(id);
   build(w);

@@ -18,7 +18,11 @@
 #include <torch/optim/optimizer.h>
 #include <torch/utils.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <thread>
 
 #include "chorus/core/error.h"
 #include "parallel/checkpoint/optimizers.h"
@@ -35,6 +39,19 @@ namespace {
 struct NewGroup {};
 
 c10::impl::GenericDict new_dict() { return c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()); }
+
+// CHORUS_ELASTIC_TRACE=1: each step of a recovery, with wall-clock milliseconds, on stderr.
+void trace(int rank, const char* what) {
+  static const bool on = [] {
+    const char* v = std::getenv("CHORUS_ELASTIC_TRACE");
+    return v && *v && *v != '0';
+  }();
+  if (!on) return;
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
+  std::fprintf(stderr, "[chorus] elastic trace: rank %d: %s at unix ms %lld\n", rank, what, (long long)ms);
+}
 
 c10::IValue copy(const c10::IValue& v) {
   if (v.isTensor()) return v.toTensor().detach().clone();
@@ -157,11 +174,38 @@ void State::sync(ProcessGroup& group, int root) {
 
 void run(State& state, const std::function<void(ProcessGroup&)>& train, std::chrono::milliseconds round_timeout) {
   for (bool first = true;; first = false) {
+    if (!first) trace(-1, "initializing the new group");
     auto world = init_process_group();
     announce_in_process(world->communicator());
+    // The agents usually learn of a lost node before the ranks do (a heartbeat, against a store
+    // or a socket that may take seconds to fail): when chorusrun publishes a newer round, the
+    // group is failed at once, so that no rank waits on a peer that is gone.
+    std::atomic<bool> watching{true};
+    std::thread watcher([&, comm = &world->communicator()] {
+      while (watching.load()) {
+        try {
+          if (next_round_published()) {
+            comm->abort("chorusrun formed a new round: a peer was lost or nodes joined");
+            return;
+          }
+        } catch (const Error&) {
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    });
+    struct Stop {
+      std::atomic<bool>& flag;
+      std::thread& t;
+      ~Stop() {
+        flag.store(false);
+        t.join();
+      }
+    } stop{watching, watcher};
     try {
       state.group_ = world.get();
+      if (!first) trace(world->rank(), "group made; syncing the state from rank 0");
       state.sync(*world);
+      if (!first) trace(world->rank(), "state synced; calling train");
       if (!first)
         for (auto& callback : state.on_reset_) callback(*world);
       train(*world);
@@ -175,13 +219,16 @@ void run(State& state, const std::function<void(ProcessGroup&)>& train, std::chr
       std::fprintf(stderr,
                    "[chorus] elastic: rank %d: the group failed (%s); back to commit %lld, waiting for a new group\n",
                    world->rank(), e.what(), (long long)state.commits());
+      trace(world->rank(), "failure caught");
       state.restore();
       ask_for_new_round(e.what());
     }
     state.group_ = nullptr;
     world.reset();
     destroy_process_group();
+    trace(-1, "old group destroyed; waiting for the next round");
     await_next_round(round_timeout);
+    trace(-1, "told the next round");
   }
 }
 

@@ -94,6 +94,9 @@ class Communicator {
   // True once a failure (a peer that died or left, a mismatch, a timeout) left the group
   // unusable: every later call rethrows it.
   bool failed() const { return aborted_.load(std::memory_order_acquire); }
+  // Fails the group from outside (another thread learnt that a peer is gone): the calls in
+  // progress and every later one raise PeerFailure with `why`. Only this rank's side.
+  void abort(const std::string& why);
   // "shm", "gloo", or "hierarchical (shm in each host, gloo between hosts)".
   std::string backend_name() const;
   int host_count() const;  // distinct hosts among the ranks

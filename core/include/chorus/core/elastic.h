@@ -38,6 +38,9 @@ void request_new_round(Communicator& comm);
 void announce_in_process(Communicator& comm);
 // Asks this node's chorusrun for a new round (the group failed here; `why` for its log).
 void ask_for_new_round(const std::string& why);
+// True when chorusrun has formed a round newer than the one this worker is in (its group is
+// then being re-formed: a peer was lost). Cheap: one question to the local agent.
+bool next_round_published();
 // Blocks until chorusrun tells this worker its place in a round newer than the one it is in,
 // then sets the variables (RANK, WORLD_SIZE, CHORUS_STORE_PORT, ...) so that
 // init_process_group() joins it. Throws TimeoutError after `timeout`.

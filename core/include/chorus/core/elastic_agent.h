@@ -3,7 +3,8 @@
 // Every agent (one per node) serves a small store of its own and is an acceptor of the
 // rendezvous; any agent of the last round can propose the next one. A round is a numbered,
 // ordered list of nodes (their node ranks), MIN <= nodes <= MAX; a new round needs a majority of
-// the previous round's nodes (the first one: of the --rdzv-endpoint hosts), so a partitioned
+// the previous round's nodes (the first one: of the --rdzv-endpoint hosts; exactly half will do
+// when it holds node 0), so a partitioned
 // network never runs two jobs and no single host, the first endpoint included, is needed after
 // the start. See Note [Elastic rendezvous] in elastic_agent.cc.
 #pragma once

@@ -1,6 +1,7 @@
 // A Store served over TCP: one server (in the launcher or rank 0), clients everywhere.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -70,6 +71,7 @@ class TcpStore : public Store {
   std::string host_;
   int port_;
   std::string secret_;
+  std::atomic<bool> gone_{false};  // a reconnection failed: the server went away for good
   std::mutex mu_;
   std::vector<int> idle_;  // pooled connections not in use
   uint32_t last_id_ = 0;
