@@ -95,7 +95,7 @@ torch::nn::Sequential make_model() {
 // the model in DDP again and goes on from the state, which a commit every `commit_every` steps
 // keeps in memory. The same data, model and arithmetic as the Fabric path, so the two agree bit
 // for bit at the same world sizes.
-int train_in_process(int epochs, int batch, int64_t train_size, double lr, int64_t commit_every) {
+int train_in_process(int epochs, int batch, int64_t train_size, double lr, int64_t commit_every, bool log_steps) {
   const auto d = make_dataset(train_size, 1, /*seed=*/2026).toGenericDict();  // every rank the same
   const at::Tensor x_train = d.at("x_train").toTensor(), y_train = d.at("y_train").toTensor();
   torch::nn::Sequential model = make_model();
@@ -126,6 +126,7 @@ int train_in_process(int epochs, int batch, int64_t train_size, double lr, int64
         ++step;
         sampler.advance(batch);
         if (first && world.rank() == 0) std::printf("first step of group %d done at unix ms %lld\n", groups, unix_ms());
+        if (log_steps && world.rank() == 0) std::printf("step %lld done at unix ms %lld\n", (long long)step, unix_ms());
         first = false;
         if (commit_every > 0 && step % commit_every == 0) {
           state.commit();
@@ -176,13 +177,14 @@ int train(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--checkpoint-dir", checkpoint_dir,
                  "where checkpoints go (default <out>/checkpoint); a run started on one resumes from it");
-  bool in_process = false;
+  bool in_process = false, log_steps = false;
+  app.add_flag("--log-steps", log_steps, "rank 0 prints 'step S done at unix ms T' after every step");
   app.add_flag("--in-process", in_process,
                "elastic in-process recovery (chorus::elastic::run, DDP): a commit in memory every "
                "--checkpoint-every steps; a lost peer costs the steps since, not a restart");
   CLI11_PARSE(app, argc, argv);
   at::set_num_threads(1);  // ranks share the cores
-  if (in_process) return train_in_process(epochs, batch, train_size, lr, checkpoint_every);
+  if (in_process) return train_in_process(epochs, batch, train_size, lr, checkpoint_every, log_steps);
 
   if (checkpoint_dir.empty()) checkpoint_dir = out_dir + "/checkpoint";
   chorus::Fabric fabric({.devices = devices, .strategy = strategy});
@@ -243,6 +245,7 @@ int train(int argc, char** argv) {
       sampler.advance(batch);
       if (s == 0 && epoch == int(resumed_epoch) && resumed)
         fabric.print("first step after resuming done at unix ms", unix_ms());
+      if (log_steps) fabric.print("step", step, "done at unix ms", unix_ms());
       running = running == 0 ? loss.item<double>() : 0.95 * running + 0.05 * loss.item<double>();
       samples_seen += batch * world;
       const double secs = std::chrono::duration<double>(Clock::now() - t_train).count();

@@ -26,7 +26,9 @@ hosts_up 4
 export OMP_NUM_THREADS=1 CHORUS_RDZV_SECRET=elastic-test-$$-$RANDOM
 port=29400
 endpoints="${HOST_IP[0]}:$port,${HOST_IP[1]}:$port,${HOST_IP[2]}:$port"
-args=(--epochs 1 --train-size 24000 --test-size 1200 --batch 64 --strategy "$strategy" --checkpoint-every 10)
+# In process the steps are quicker (no restart, no disk): a longer epoch leaves room for the event.
+args_for() { echo --epochs 1 --train-size "$1" --test-size 1200 --batch 64 --strategy "$strategy" --checkpoint-every 10; }
+args=($(args_for 24000))
 pids=()
 
 fail() {
@@ -65,7 +67,8 @@ reference() {
 
 scenario() {
   local what=$1 victim nn=2:3 survivors i t0 mode=()
-  [[ $what == ip-* ]] && mode=(--in-process) && what=${what#ip-}
+  args=($(args_for 24000))
+  [[ $what == ip-* ]] && mode=(--in-process) && what=${what#ip-} && args=($(args_for 60000))
   local name=$what${mode:+-ip}
   case $what in
     kill2 | cut2) victim=2 ;;
@@ -77,7 +80,8 @@ scenario() {
   for i in 0 1 2; do agent $i "$name" $nn "$out/$name" "${mode[@]}"; done
   for _ in $(seq 1200); do grep -Eq "(checkpoint|commit): step" "$out/$name".host*.log 2>/dev/null && break; sleep 0.05; done
   grep -Eq "(checkpoint|commit): step" "$out/$name".host*.log || fail "$name: no checkpoint or commit was made"
-  sleep "$((RANDOM % 2)).$((RANDOM % 10))"
+  # A random moment; a newcomer at once, so that the job has steps left to take it in.
+  [[ $what == grow ]] || sleep "$((RANDOM % 2)).$((RANDOM % 10))"
   t0=$(date +%s%N)
   case $what in
     kill*) echo "killing every process of host $victim"; host_kill $victim ;;

@@ -210,6 +210,18 @@ struct ElasticAgent::Impl {
     round_client_.reset();
     round_store.reset();
   }
+  // Asks the round's store whether `key` is there; false when it cannot be asked (a client that
+  // failed is made again next time).
+  bool round_has(const std::string& key) {
+    auto rc = round_client();
+    try {
+      return rc && rc->check({key});
+    } catch (const StoreError&) {
+      std::lock_guard<std::mutex> lock(round_mu);
+      if (round_client_ == rc) round_client_.reset();
+      return false;
+    }
+  }
   std::vector<NodeInfo> known_waiting;
   std::vector<NodeInfo> last_members;  // of the last round this agent was in, for proposing
   std::string last_problem;            // why no round formed yet, for the timeout's message
@@ -539,6 +551,8 @@ struct ElasticAgent::Impl {
 
   // Puts this node on the waiting list of every agent it can reach (the endpoints and the
   // members they name). Throws ElasticError when the job has finished or is of another run.
+  bool reached_any = false;  // announce() found an agent of this job
+
   void announce() {
     std::vector<std::pair<std::string, int>> targets(o.endpoints.begin(), o.endpoints.end());
     std::set<std::string> asked;
@@ -558,6 +572,7 @@ struct ElasticAgent::Impl {
                                     closed == "finished" ? std::string("finished") : closed,
                                     ": there is nothing to join (agent at ", where(addr, port), ")"));
         }
+        reached_any = true;
         const std::string me = encode_node(self) + "\n";
         std::string seen = s->check({kWaiting}) ? s->get(kWaiting) : "";
         while (seen.find(me) == std::string::npos) {
@@ -669,8 +684,7 @@ struct ElasticAgent::Impl {
         if (!waiting.empty())
           if (auto rc = round_client()) rc->set(kWaitingKey, concat(waiting.size()));
         // Learnt while the round's store is there to ask: it may be on the node that is lost.
-        if (!in_process)
-          if (auto rc = round_client()) in_process = rc->check({kInProcessKey});
+        if (!in_process) in_process = round_has(kInProcessKey);
       } catch (const StoreError&) {
       }
       for (const auto& m : current.members) {
@@ -804,8 +818,13 @@ Round ElasticAgent::next_round(Cause cause) {
       continue;
     }
     if (Clock::now() >= deadline) {
-      const std::string why =
-          s.last_problem.empty() ? std::string("no round that includes this node was formed") : s.last_problem;
+      std::string why = s.last_problem;
+      if (why.empty() && !s.reached_any && turn < 0) {
+        std::string eps;
+        for (const auto& [a, p] : o.endpoints) eps += (eps.empty() ? "" : ", ") + where(a, p);
+        why = concat("no agent of run '", o.run_id, "' answered at ", eps, " (has the job finished, or not started?)");
+      }
+      if (why.empty()) why = "no round that includes this node was formed";
       throw ElasticError(concat("no round could be formed within ",
                                 std::chrono::duration_cast<std::chrono::seconds>(o.join_timeout).count(), " s: ", why));
     }
@@ -823,23 +842,11 @@ int ElasticAgent::nodes_waiting() const {
   return impl_->waiting_count;
 }
 
-bool ElasticAgent::reform_requested() {
-  try {
-    auto rc = impl_->round_client();
-    return rc && rc->check({kReformKey});
-  } catch (const StoreError&) {
-    return false;
-  }
-}
+bool ElasticAgent::reform_requested() { return impl_->round_has(kReformKey); }
 
 bool ElasticAgent::workers_in_process() {
   Impl& s = *impl_;
-  if (s.in_process) return true;
-  try {
-    auto rc = s.round_client();
-    s.in_process = rc && rc->check({kInProcessKey});
-  } catch (const StoreError&) {
-  }
+  if (!s.in_process) s.in_process = s.round_has(kInProcessKey);
   return s.in_process;
 }
 
@@ -862,14 +869,7 @@ void ElasticAgent::publish_worker_env(int local_rank, const std::vector<std::pai
   impl_->local->set(concat("worker/", local_rank), text);
 }
 
-bool ElasticAgent::workers_watch() {
-  try {
-    auto rc = impl_->round_client();
-    return rc && rc->check({kWatchingKey});
-  } catch (const StoreError&) {
-    return false;
-  }
-}
+bool ElasticAgent::workers_watch() { return impl_->round_has(kWatchingKey); }
 
 void ElasticAgent::finish() {
   Impl& s = *impl_;

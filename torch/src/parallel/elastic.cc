@@ -177,51 +177,54 @@ void run(State& state, const std::function<void(ProcessGroup&)>& train, std::chr
     if (!first) trace(-1, "initializing the new group");
     auto world = init_process_group();
     announce_in_process(world->communicator());
-    // The agents usually learn of a lost node before the ranks do (a heartbeat, against a store
-    // or a socket that may take seconds to fail): when chorusrun publishes a newer round, the
-    // group is failed at once, so that no rank waits on a peer that is gone.
-    std::atomic<bool> watching{true};
-    std::thread watcher([&, comm = &world->communicator()] {
-      while (watching.load()) {
-        try {
-          if (next_round_published()) {
-            comm->abort("chorusrun formed a new round: a peer was lost or nodes joined");
-            return;
+    {
+      // The agents usually learn of a lost node before the ranks do (a heartbeat, against a
+      // store or a socket that may take seconds to fail): when chorusrun publishes a newer round,
+      // the group is failed at once, so that no rank waits on a peer that is gone. The watcher
+      // holds the group and is stopped before the group is dropped.
+      std::atomic<bool> watching{true};
+      std::thread watcher([&watching, group = world] {
+        while (watching.load()) {
+          try {
+            if (next_round_published()) {
+              group->communicator().abort("chorusrun formed a new round: a peer was lost or nodes joined");
+              return;
+            }
+          } catch (const Error&) {
           }
-        } catch (const Error&) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
         }
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      });
+      struct Stop {
+        std::atomic<bool>& flag;
+        std::thread& t;
+        ~Stop() {
+          flag.store(false);
+          t.join();
+        }
+      } stop{watching, watcher};
+      try {
+        state.group_ = world.get();
+        if (!first) trace(world->rank(), "group made; syncing the state from rank 0");
+        state.sync(*world);
+        if (!first) trace(world->rank(), "state synced; calling train");
+        if (!first)
+          for (auto& callback : state.on_reset_) callback(*world);
+        train(*world);
+        state.group_ = nullptr;
+        return;
+      } catch (const NewGroup&) {
+        if (world->rank() == 0) std::fprintf(stderr, "[chorus] elastic: nodes wait to join: forming a new group\n");
+      } catch (const std::exception& e) {
+        state.group_ = nullptr;
+        if (!world->communicator().failed()) throw;
+        std::fprintf(stderr,
+                     "[chorus] elastic: rank %d: the group failed (%s); back to commit %lld, waiting for a new group\n",
+                     world->rank(), e.what(), (long long)state.commits());
+        trace(world->rank(), "failure caught");
+        state.restore();
+        ask_for_new_round(e.what());
       }
-    });
-    struct Stop {
-      std::atomic<bool>& flag;
-      std::thread& t;
-      ~Stop() {
-        flag.store(false);
-        t.join();
-      }
-    } stop{watching, watcher};
-    try {
-      state.group_ = world.get();
-      if (!first) trace(world->rank(), "group made; syncing the state from rank 0");
-      state.sync(*world);
-      if (!first) trace(world->rank(), "state synced; calling train");
-      if (!first)
-        for (auto& callback : state.on_reset_) callback(*world);
-      train(*world);
-      state.group_ = nullptr;
-      return;
-    } catch (const NewGroup&) {
-      if (world->rank() == 0) std::fprintf(stderr, "[chorus] elastic: nodes wait to join: forming a new group\n");
-    } catch (const std::exception& e) {
-      state.group_ = nullptr;
-      if (!world->communicator().failed()) throw;
-      std::fprintf(stderr,
-                   "[chorus] elastic: rank %d: the group failed (%s); back to commit %lld, waiting for a new group\n",
-                   world->rank(), e.what(), (long long)state.commits());
-      trace(world->rank(), "failure caught");
-      state.restore();
-      ask_for_new_round(e.what());
     }
     state.group_ = nullptr;
     world.reset();

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Recovery from a lost host: chorus (restart from a checkpoint, and in process) against torchrun's
+# elastic launch with gloo, on 3 network-namespace hosts x 2 ranks (tests/netns.sh), training the
+# main job's model (examples/train_ddp; bench/peers/elastic_train.py for torchrun: the same
+# model, data, batch and optimizer), a checkpoint or commit every 10 steps. At a random moment
+# after the first one, every process of host 2 is killed (torchrun's c10d store lives on host 0,
+# whose loss ends a torchrun job, so host 2 is the one all three can survive). Reported per run:
+# the time from the kill to the first step of the new round (rank 0's stamps) and the steps
+# redone (taken before the kill, lost with it). Needs the build (chorusrun, train_ddp,
+# chorus_torch) and the project venv's torch and torchrun.
+# Usage: bench/elastic_recovery.sh [--repeat N] [--build DIR]
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+repeat=3 build=$root/build
+while (($#)); do
+  case $1 in
+    --repeat) repeat=$2; shift 2 ;;
+    --build) build=$2; shift 2 ;;
+    *) echo "usage: $0 [--repeat N] [--build DIR]"; exit 2 ;;
+  esac
+done
+out=$(mktemp -d)
+netns_cleanup='rm -rf "$out"'
+source "$root/tests/netns.sh"
+hosts_up 3
+export OMP_NUM_THREADS=1 PYTHONPATH=$build/python/site
+python=$root/.venv/bin/python torchrun=$root/.venv/bin/torchrun
+ep="${HOST_IP[0]}:29400,${HOST_IP[1]}:29400,${HOST_IP[2]}:29400"
+now_ms() { echo $(($(date +%s%N) / 1000000)); }
+
+# run PATH N: one job on the 3 hosts, host 2 killed; prints "ms steps".
+run() {
+  local path=$1 n=$2 i pids=() dir=$out/$1.$2
+  mkdir -p "$dir"
+  for i in 0 1 2; do
+    case $path in
+      restart | in-process)
+        local extra=()
+        [[ $path == in-process ]] && extra=(--in-process)
+        in_host "${HOST_NS[i]}" host$i "$build/launcher/chorusrun" --nnodes 2:3 --nproc-per-node 2 --max-restarts 3 \
+          --rdzv-endpoint "$ep" --rdzv-id "$path$n" --rdzv-conf join_timeout=60,last_call_timeout=2 \
+          "$build/examples/train_ddp" --epochs 1 --train-size 24000 --test-size 1200 --batch 64 \
+          --checkpoint-every 10 --log-steps --out "$dir" "${extra[@]}" >"$dir/host$i.log" 2>&1 &
+        ;;
+      torchrun)
+        in_host "${HOST_NS[i]}" host$i "$torchrun" --nnodes 2:3 --nproc-per-node 2 --max-restarts 3 \
+          --rdzv-backend c10d --rdzv-endpoint "${HOST_IP[0]}:29400" --rdzv-id "tr$n" \
+          --rdzv-conf last_call_timeout=2,join_timeout=60 --monitor-interval 0.1 \
+          "$root/bench/peers/elastic_train.py" "$dir/ckpt.pt" >"$dir/host$i.log" 2>&1 &
+        sleep 0.5  # host 0's agent first: it serves the store
+        ;;
+    esac
+    pids[i]=$!
+  done
+  for _ in $(seq 1200); do grep -q "step 10 done" "$dir"/host*.log 2>/dev/null && break; sleep 0.05; done
+  sleep "0.$((RANDOM % 10))"
+  local t0
+  t0=$(now_ms)
+  host_kill 2
+  for i in 0 1; do timeout 180 tail --pid="${pids[i]}" -f /dev/null || echo "  ($path: host $i did not finish)" >&2; done
+  wait 2>/dev/null
+  # Rank 0's stamps, wherever rank 0 was: the last step before the kill, the first after it.
+  local stamps before after resumed
+  stamps=$(grep -ho "step [0-9]* done at unix ms [0-9]*" "$dir"/host*.log | awk '{print $2, $NF}' | sort -n -k2)
+  before=$(awk -v t="$t0" '$2 < t {s = $1} END {print s}' <<<"$stamps")
+  after=$(awk -v t="$t0" '$2 >= t {print $2; exit}' <<<"$stamps")
+  resumed=$(grep -ho "resumed from step [0-9]*\|in-process: group 2 of [0-9]* ranks from step [0-9]*" "$dir"/host*.log |
+    head -1 | awk '{print $NF}')
+  if [[ -z $after || -z $resumed ]]; then
+    echo "failed -"
+  else
+    echo "$((after - t0)) $((before - resumed))"
+  fi
+}
+
+printf "%-12s %8s %22s %14s\n" path run "kill -> next step (ms)" "steps redone"
+for n in $(seq "$repeat"); do
+  for path in restart in-process torchrun; do
+    read -r ms redone < <(run "$path" "$n")
+    printf "%-12s %8s %22s %14s\n" "$path" "$n" "$ms" "$redone"
+  done
+done
