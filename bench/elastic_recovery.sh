@@ -20,7 +20,7 @@ while (($#)); do
   esac
 done
 out=$(mktemp -d)
-netns_cleanup='rm -rf "$out"'
+netns_cleanup='[[ -n ${KEEP:-} ]] || rm -rf "$out"'
 source "$root/tests/netns.sh"
 hosts_up 3
 export OMP_NUM_THREADS=1 PYTHONPATH=$build/python/site
@@ -43,9 +43,14 @@ run() {
           --checkpoint-every 10 --log-steps --out "$dir" "${extra[@]}" >"$dir/host$i.log" 2>&1 &
         ;;
       torchrun)
-        in_host "${HOST_NS[i]}" host$i "$torchrun" --nnodes 2:3 --nproc-per-node 2 --max-restarts 3 \
-          --rdzv-backend c10d --rdzv-endpoint "${HOST_IP[0]}:29400" --rdzv-id "tr$n" \
-          --rdzv-conf last_call_timeout=2,join_timeout=60 --monitor-interval 0.1 \
+        # The namespaces' hostnames resolve nowhere: say which agent hosts the store (is_host),
+        # and which interface gloo uses, instead of letting them look the names up.
+        local is_host=false
+        ((i == 0)) && is_host=true
+        in_host "${HOST_NS[i]}" host$i env GLOO_SOCKET_IFNAME=c$$h$i "$torchrun" --nnodes 2:3 --nproc-per-node 2 \
+          --max-restarts 3 --rdzv-backend c10d --rdzv-endpoint "${HOST_IP[0]}:29400" --rdzv-id "tr$n" \
+          --local-addr "${HOST_IP[i]}" --rdzv-conf last_call_timeout=2,join_timeout=60,is_host=$is_host \
+          --monitor-interval 0.1 \
           "$root/bench/peers/elastic_train.py" "$dir/ckpt.pt" >"$dir/host$i.log" 2>&1 &
         sleep 0.5  # host 0's agent first: it serves the store
         ;;
@@ -59,11 +64,13 @@ run() {
   host_kill 2
   for i in 0 1; do timeout 180 tail --pid="${pids[i]}" -f /dev/null || echo "  ($path: host $i did not finish)" >&2; done
   wait 2>/dev/null
-  # Rank 0's stamps, wherever rank 0 was: the last step before the kill, the first after it.
+  # Rank 0's stamps, wherever rank 0 was: the new round's first step (marked), and the last step
+  # the old round finished before it (a step in flight at the kill may still have finished).
   local stamps before after resumed
+  after=$(grep -ho "first step after resuming done at unix ms [0-9]*\|first step of group 2 done at unix ms [0-9]*\|done at unix ms [0-9]* (first after resuming)" \
+    "$dir"/host*.log | grep -o "unix ms [0-9]*" | awk '{print $3}' | sort -n | awk -v t="$t0" '$1 >= t {print; exit}')
   stamps=$(grep -ho "step [0-9]* done at unix ms [0-9]*" "$dir"/host*.log | awk '{print $2, $NF}' | sort -n -k2)
-  before=$(awk -v t="$t0" '$2 < t {s = $1} END {print s}' <<<"$stamps")
-  after=$(awk -v t="$t0" '$2 >= t {print $2; exit}' <<<"$stamps")
+  before=$(awk -v t="${after:-0}" '$2 < t {s = $1} END {print s}' <<<"$stamps")
   resumed=$(grep -ho "resumed from step [0-9]*\|in-process: group 2 of [0-9]* ranks from step [0-9]*" "$dir"/host*.log |
     head -1 | awk '{print $NF}')
   if [[ -z $after || -z $resumed ]]; then
@@ -74,7 +81,7 @@ run() {
 }
 
 printf "%-12s %8s %22s %14s\n" path run "kill -> next step (ms)" "steps redone"
-for n in $(seq "$repeat"); do
+for n in $(seq "$repeat"); do [[ -n ${ONLY:-} ]] && { run "$ONLY" 1; continue; }
   for path in restart in-process torchrun; do
     read -r ms redone < <(run "$path" "$n")
     printf "%-12s %8s %22s %14s\n" "$path" "$n" "$ms" "$redone"

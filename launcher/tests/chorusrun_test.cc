@@ -561,7 +561,7 @@ TEST(Elastic, FewerThanMinLeftWaitsThenNamesTheLostNodes) {
   b.finish();
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_NE(r.err.find("no round could be formed within 6 s"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("lost: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("fewer than the minimum of 2; lost since round 0: "), std::string::npos) << r.err;
   EXPECT_GE(waited, 5.0);
   EXPECT_LT(waited, 30.0);
 }

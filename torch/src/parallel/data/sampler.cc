@@ -58,7 +58,7 @@ at::Tensor DistributedSampler::indices() const {
     const int64_t copies = (total + rest.size(0) - 1) / rest.size(0);
     rest = rest.repeat({copies}).slice(0, 0, total);
   }
-  return rest.slice(0, rank_, total, replicas_);
+  return rest.slice(0, rank_, total, replicas_).contiguous();
 }
 
 void DistributedSampler::advance(int64_t per_rank) {
