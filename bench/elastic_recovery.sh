@@ -9,6 +9,7 @@
 # redone (taken before the kill, lost with it). Needs the build (chorusrun, train_ddp,
 # chorus_torch) and the project venv's torch and torchrun.
 # Usage: bench/elastic_recovery.sh [--repeat N] [--build DIR]
+#   ONLY=restart|in-process|torchrun runs that path once; KEEP=1 keeps the logs (printed dir).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 repeat=3 build=$root/build
@@ -81,7 +82,13 @@ run() {
 }
 
 printf "%-12s %8s %22s %14s\n" path run "kill -> next step (ms)" "steps redone"
-for n in $(seq "$repeat"); do [[ -n ${ONLY:-} ]] && { run "$ONLY" 1; continue; }
+[[ -n ${KEEP:-} ]] && echo "logs: $out"
+for n in $(seq "$repeat"); do
+  if [[ -n ${ONLY:-} ]]; then
+    read -r ms redone < <(run "$ONLY" 1)
+    printf "%-12s %8s %22s %14s\n" "$ONLY" 1 "$ms" "$redone"
+    break
+  fi
   for path in restart in-process torchrun; do
     read -r ms redone < <(run "$path" "$n")
     printf "%-12s %8s %22s %14s\n" "$path" "$n" "$ms" "$redone"

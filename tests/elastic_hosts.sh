@@ -14,7 +14,7 @@
 # checkpoint held; in process: the step of its last commit). Each scenario prints the time from
 # the event to the first step of the new round. Every agent authenticates with a
 # shared secret; nothing may be left behind (processes, /dev/shm segments).
-# Usage: tests/elastic_hosts.sh CHORUSRUN TRAIN_DDP ddp|fsdp SCENARIO...
+# Usage: tests/elastic_hosts.sh CHORUSRUN TRAIN_DDP ddp|fsdp SCENARIO...   (KEEP=1 keeps the logs)
 # Exits 77 (skipped) where network namespaces cannot be made.
 set -uo pipefail
 run=$1 train=$2 strategy=$3
