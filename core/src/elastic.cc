@@ -9,6 +9,7 @@
 
 #include "chorus/core/error.h"
 #include "chorus/core/tcp_store.h"
+#include "launch/elastic_record.h"
 
 namespace chorus::elastic {
 
@@ -16,12 +17,8 @@ using detail::concat;
 
 namespace {
 
-// Keys chorusrun reads in the round's store and in its own (elastic_agent.cc).
-constexpr const char* kWaitingKey = "chorus/elastic/nodes_waiting";
-constexpr const char* kWatchingKey = "chorus/elastic/watching";
-constexpr const char* kReformKey = "chorus/elastic/reform";
-constexpr const char* kInProcessKey = "chorus/elastic/in_process";
-constexpr const char* kRequestKey = "worker/request";
+// The keys chorusrun reads in the round's store and in its own.
+using namespace elastic_record;
 
 std::string env_or_throw(const char* name) {
   const char* v = std::getenv(name);
@@ -108,7 +105,7 @@ void ask_for_new_round(const std::string& why) {
 namespace {
 // This worker's place in the newest round its agent told it of: (round, the rest of the text).
 std::pair<int, std::string> published_place() {
-  const std::string key = concat("worker/", env_or_throw("CHORUS_LOCAL_RANK"));
+  const std::string key = worker_key(std::atoi(env_or_throw("CHORUS_LOCAL_RANK").c_str()));
   Store& agent = agent_store().get();
   if (!agent.check({key})) return {-1, ""};
   const std::string text = agent.get(key);

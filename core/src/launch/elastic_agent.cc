@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "chorus/core/tcp_store.h"
+#include "launch/elastic_record.h"
 #include "store/socket_util.h"
 
 namespace chorus {
@@ -61,120 +62,16 @@ namespace {
 // Connecting to or asking another agent. Short: an agent that does not answer this fast is
 // asked again in the next attempt (every 200-300 ms), and one silent for dead_after is lost.
 constexpr auto kContactTimeout = 300ms;
-constexpr const char* kState = "state";
-constexpr const char* kInfo = "info";
-constexpr const char* kWaiting = "waiting";
-constexpr const char* kClosed = "closed";
 constexpr const char* kLastCall = "waiting for more nodes (last call)";
-// In the round's store, shared with the workers (chorus/core/elastic.h).
-constexpr const char* kWaitingKey = "chorus/elastic/nodes_waiting";
-constexpr const char* kWatchingKey = "chorus/elastic/watching";
-constexpr const char* kReformKey = "chorus/elastic/reform";
-constexpr const char* kInProcessKey = "chorus/elastic/in_process";
-// In the agent's own store, shared with its workers (chorus/core/elastic.h).
-constexpr const char* kRequestKey = "worker/request";
-
-std::string ports_key(int64_t round) { return concat("ports/", round); }
 
 void say(const ElasticOptions& o, const std::string& what) {
   std::fprintf(stderr, "%s: %s\n", o.name.c_str(), what.c_str());
   std::fflush(stderr);
 }
 
-std::string encode_node(const NodeInfo& n) { return concat("node ", n.id, " ", n.host, " ", n.addr, " ", n.port); }
-
-bool decode_node(std::istringstream& in, NodeInfo& n) { return bool(in >> n.id >> n.host >> n.addr >> n.port); }
-
-std::vector<NodeInfo> decode_nodes(const std::string& text) {
-  std::vector<NodeInfo> out;
-  std::istringstream lines(text);
-  std::string line;
-  while (std::getline(lines, line)) {
-    std::istringstream in(line);
-    std::string tag;
-    NodeInfo n;
-    if (in >> tag && tag == "node" && decode_node(in, n)) out.push_back(n);
-  }
-  return out;
-}
-
-// One agent's acceptor record (the value under "state").
-struct Record {
-  int64_t promised = -1;  // round number of the highest proposal promised
-  std::string promiser;   // its proposer's id
-  Round accepted;
-  bool go = false;
-
-  bool outranks(int64_t round, const std::string& id) const {
-    return promised > round || (promised == round && promiser > id);
-  }
-  std::string encode() const {
-    std::string out = concat("promise ", promised, " ", promiser.empty() ? "-" : promiser, "\n", "round ",
-                             accepted.number, " ", accepted.restarts, " ", int(go), "\n");
-    for (const auto& m : accepted.members) out += encode_node(m) + "\n";
-    return out;
-  }
-  static Record decode(const std::string& text) {
-    Record r;
-    std::istringstream in(text);
-    std::string tag;
-    int go = 0;
-    in >> tag >> r.promised >> r.promiser >> tag >> r.accepted.number >> r.accepted.restarts >> go;
-    if (r.promiser == "-") r.promiser.clear();
-    r.go = go != 0;
-    std::string rest((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    r.accepted.members = decode_nodes(rest);
-    return r;
-  }
-};
-
-std::string where(const std::string& addr, int port) { return concat(addr, ":", port); }
-
-std::string names(const std::vector<NodeInfo>& nodes) {
-  std::string out;
-  for (const auto& n : nodes) out += (out.empty() ? "" : ", ") + n.name();
-  return out.empty() ? "none" : out;
-}
-
 }  // namespace
 
-std::string NodeInfo::name() const { return concat(host, " (", addr, ")"); }
-
-int Round::node_rank_of(const std::string& id) const {
-  for (size_t i = 0; i < members.size(); ++i)
-    if (members[i].id == id) return int(i);
-  return -1;
-}
-
-std::vector<std::pair<std::string, int>> parse_endpoints(const std::string& list, int default_port) {
-  std::vector<std::pair<std::string, int>> out;
-  std::istringstream in(list);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    if (item.empty()) continue;
-    std::string host = item;
-    int port = default_port;
-    const size_t colon = item.rfind(':');
-    if (colon != std::string::npos && item.find(']') == std::string::npos ? true : colon > item.find(']')) {
-      if (colon != std::string::npos) {
-        host = item.substr(0, colon);
-        try {
-          size_t used = 0;
-          port = std::stoi(item.substr(colon + 1), &used);
-          if (used != item.size() - colon - 1) throw std::invalid_argument("trailing");
-        } catch (const std::exception&) {
-          throw InvalidArgument(concat("--rdzv-endpoint: '", item, "' is not host[:port]"));
-        }
-      }
-    }
-    if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-    if (host.empty() || port <= 0 || port > 65535)
-      throw InvalidArgument(concat("--rdzv-endpoint: '", item, "' is not host[:port] with a port in 1..65535"));
-    out.emplace_back(host, port);
-  }
-  if (out.empty()) throw InvalidArgument("--rdzv-endpoint: no host given");
-  return out;
-}
+using namespace elastic_record;
 
 struct ElasticAgent::Impl {
   ElasticOptions o;
@@ -301,10 +198,8 @@ struct ElasticAgent::Impl {
       const std::string info = s->get(kInfo);
       const size_t nl = info.find('\n');
       r.their_config = info.substr(0, nl);
-      std::istringstream node_line(info.substr(nl + 1));
-      std::string tag;
-      node_line >> tag;
-      decode_node(node_line, r.node);
+      const auto nodes = decode_nodes(info.substr(nl + 1));
+      if (!nodes.empty()) r.node = nodes.front();
       r.config_ok = r.their_config == config;
       if (s->check({kClosed})) r.closed = s->get(kClosed);
       if (s->check({kWaiting})) r.waiting = decode_nodes(s->get(kWaiting));
@@ -866,7 +761,7 @@ bool ElasticAgent::round_requested() {
 void ElasticAgent::publish_worker_env(int local_rank, const std::vector<std::pair<std::string, std::string>>& env) {
   std::string text = concat(impl_->current.number, "\n");
   for (const auto& [k, v] : env) text += k + "=" + v + "\n";
-  impl_->local->set(concat("worker/", local_rank), text);
+  impl_->local->set(worker_key(local_rank), text);
 }
 
 bool ElasticAgent::workers_watch() { return impl_->round_has(kWatchingKey); }
