@@ -29,6 +29,8 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
+#include <optional>
 
 namespace {
 
@@ -91,27 +93,39 @@ torch::nn::Sequential make_model() {
 }
 
 // The same training under chorus::elastic::run: the model, optimizer, step and sampler live
-// outside the group; each group (the first, and each after a peer failed or a node joined) wraps
-// the model in DDP again and goes on from the state, which a commit every `commit_every` steps
-// keeps in memory. The same data, model and arithmetic as the Fabric path, so the two agree bit
-// for bit at the same world sizes.
-int train_in_process(int epochs, int batch, int64_t train_size, double lr, int64_t commit_every, bool log_steps) {
+// outside the group; each group (the first, and each after a peer failed or a node joined) goes on
+// from the state, which a commit every `commit_every` steps keeps in memory. Under "ddp" each group
+// wraps the model in DDP again; under "fsdp" the model is sharded once (FullShard) and run() moves
+// its shards onto each new group. The same data, model and arithmetic as the Fabric path, so the
+// two agree bit for bit at the same world sizes.
+int train_in_process(const std::string& strategy, int epochs, int batch, int64_t train_size, double lr,
+                     int64_t commit_every, bool log_steps) {
   const auto d = make_dataset(train_size, 1, /*seed=*/2026).toGenericDict();  // every rank the same
   const at::Tensor x_train = d.at("x_train").toTensor(), y_train = d.at("y_train").toTensor();
   torch::nn::Sequential model = make_model();
-  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(lr).momentum(0.9));
+  std::unique_ptr<chorus::ShardedDataParallel> sdp;
+  if (strategy == "fsdp") {
+    chorus::init_process_group();  // (elastic::run goes on with it)
+    sdp = std::make_unique<chorus::ShardedDataParallel>(model.ptr());
+  }
+  torch::optim::SGD opt(sdp ? sdp->parameters() : model->parameters(), torch::optim::SGDOptions(lr).momentum(0.9));
   chorus::DistributedSampler sampler(train_size, 1, 0, {.shuffle = true, .seed = 0, .drop_last = true});
   sampler.set_epoch(1);
   int64_t step = 0;
   chorus::elastic::State state{{"model", model}, {"optimizer", opt}, {"step", step}, {"sampler", sampler}};
   int groups = 0;
   chorus::elastic::run(state, [&](chorus::ProcessGroup& world) {
-    chorus::DistributedDataParallel ddp(model.ptr());
+    std::optional<chorus::DistributedDataParallel> ddp;
+    if (!sdp) ddp.emplace(model.ptr());
+    auto forward = [&](const at::Tensor& x) {
+      return sdp ? sdp->forward([&] { return model->forward(x); }) : model->forward(x);
+    };
     sampler.set_replicas(world.size(), world.rank());
     ++groups;  // on every rank: a survivor that becomes rank 0 counts as the others do
     if (world.rank() == 0)
-      std::printf("in-process: group %d of %d ranks from step %lld (epoch %lld at sample %lld)\n", groups, world.size(),
-                  (long long)step, (long long)sampler.epoch(), (long long)sampler.position()),
+      std::printf("in-process: group %d of %d ranks from step %lld (epoch %lld at sample %lld; %.1f MB committed)\n",
+                  groups, world.size(), (long long)step, (long long)sampler.epoch(), (long long)sampler.position(),
+                  double(state.memory_bytes()) / 1e6),
           std::fflush(stdout);
     bool first = true;
     for (int epoch = int(sampler.epoch()); epoch <= epochs; sampler.set_epoch(++epoch)) {
@@ -119,8 +133,8 @@ int train_in_process(int epochs, int batch, int64_t train_size, double lr, int64
       for (int64_t s = 0; s < order.size(0) / batch; ++s) {
         at::Tensor idx = order.slice(0, s * batch, (s + 1) * batch);
         opt.zero_grad();
-        at::Tensor loss = torch::nn::functional::cross_entropy(model->forward(x_train.index_select(0, idx)),
-                                                               y_train.index_select(0, idx));
+        at::Tensor loss =
+            torch::nn::functional::cross_entropy(forward(x_train.index_select(0, idx)), y_train.index_select(0, idx));
         loss.backward();
         opt.step();
         ++step;
@@ -136,19 +150,26 @@ int train_in_process(int epochs, int batch, int64_t train_size, double lr, int64
     }
   });
   auto world = chorus::default_group();
-  std::vector<at::Tensor> flat;
-  for (const auto& p : model->parameters()) flat.push_back(p.detach().reshape(-1).clone());
-  at::Tensor params = at::cat(flat), first = params.clone();
+  at::Tensor params;
+  {
+    chorus::GatheredParameters full({model.ptr()});  // a no-op for replicas
+    std::vector<at::Tensor> flat;
+    for (const auto& p : model->parameters()) flat.push_back(p.detach().reshape(-1).clone());
+    params = at::cat(flat);
+  }
+  at::Tensor first = params.clone();
   world->broadcast_(first, 0);
   at::Tensor differ = torch::tensor(int64_t(!at::equal(params, first)));
   world->all_reduce_(differ);
   if (world->rank() == 0) {
-    std::printf("in-process: %lld steps, %d group(s); replicas %s\n", (long long)step, groups,
-                differ.item<int64_t>() == 0 ? "identical, bit for bit" : "DIFFER");
+    std::printf("in-process: %lld steps, %d group(s); %s %s\n", (long long)step, groups,
+                sdp ? "parameters gathered from the shards," : "replicas",
+                differ.item<int64_t>() == 0 ? "identical on every rank, bit for bit" : "DIFFER");
     std::printf("parameters sha256 %s\n",
                 chorus::sha256_hex(params.data_ptr(), size_t(params.numel()) * params.element_size()).c_str());
   }
   world->barrier();
+  sdp.reset();
   chorus::destroy_process_group();
   return differ.item<int64_t>() == 0 ? 0 : 1;
 }
@@ -180,11 +201,11 @@ int train(int argc, char** argv) {
   bool in_process = false, log_steps = false;
   app.add_flag("--log-steps", log_steps, "rank 0 prints 'step S done at unix ms T' after every step");
   app.add_flag("--in-process", in_process,
-               "elastic in-process recovery (chorus::elastic::run, DDP): a commit in memory every "
+               "elastic in-process recovery (chorus::elastic::run; ddp or fsdp): a commit in memory every "
                "--checkpoint-every steps; a lost peer costs the steps since, not a restart");
   CLI11_PARSE(app, argc, argv);
   at::set_num_threads(1);  // ranks share the cores
-  if (in_process) return train_in_process(epochs, batch, train_size, lr, checkpoint_every, log_steps);
+  if (in_process) return train_in_process(strategy, epochs, batch, train_size, lr, checkpoint_every, log_steps);
 
   if (checkpoint_dir.empty()) checkpoint_dir = out_dir + "/checkpoint";
   chorus::Fabric fabric({.devices = devices, .strategy = strategy});

@@ -2,6 +2,7 @@
 // against a reference computed here), shared by the gtest suite and the multi-host probe.
 #pragma once
 
+#include <functional>
 #include <numeric>
 #include <optional>
 #include <ostream>
@@ -160,21 +161,26 @@ inline void movements(Communicator& comm, DataType dt, size_t count, uint64_t sa
   comm.all_to_all(a2a_in.data(), a2a_in.data(), count, dt);
   check_equal(a2a_in, a2a_want, count * size_t(W), dt, label("all_to_all in place", dt, count));
 
-  // all_to_all_v: p sends (count + p + 2q) % (count + 1) elements to q
+  // all_to_all_v: p sends (count + p + 2q) % (count + 1) elements to q; then the same with the last
+  // rank moving nothing at all (it must still take part: the others' engine may exchange empty
+  // messages with it)
   auto n_pq = [&](int p, int q) { return count == 0 ? size_t(0) : (count + size_t(p) + 2 * size_t(q)) % (count + 1); };
-  std::vector<size_t> sends, recvs;
-  std::vector<uint8_t> v_in, v_want;
-  for (int q = 0; q < W; ++q) {
-    sends.push_back(n_pq(me, q));
-    recvs.push_back(n_pq(q, me));
-    auto b = block(me, q, n_pq(me, q));
-    v_in.insert(v_in.end(), b.begin(), b.end());
-    auto w = block(q, me, n_pq(q, me));
-    v_want.insert(v_want.end(), w.begin(), w.end());
+  auto idle_last = [&](int p, int q) { return p == W - 1 || q == W - 1 ? size_t(0) : n_pq(p, q) + 1; };
+  for (const auto& n : {std::function<size_t(int, int)>(n_pq), std::function<size_t(int, int)>(idle_last)}) {
+    std::vector<size_t> sends, recvs;
+    std::vector<uint8_t> v_in, v_want;
+    for (int q = 0; q < W; ++q) {
+      sends.push_back(n(me, q));
+      recvs.push_back(n(q, me));
+      auto b = block(me, q, n(me, q));
+      v_in.insert(v_in.end(), b.begin(), b.end());
+      auto w = block(q, me, n(q, me));
+      v_want.insert(v_want.end(), w.begin(), w.end());
+    }
+    std::vector<uint8_t> v_out(v_want.size() + 1, 0xCD);
+    comm.all_to_all_v(v_in.data(), sends, v_out.data(), recvs, dt);
+    check_equal(v_out, v_want, v_want.size() / es, dt, label("all_to_all_v", dt, count));
   }
-  std::vector<uint8_t> v_out(v_want.size() + 1, 0xCD);
-  comm.all_to_all_v(v_in.data(), sends, v_out.data(), recvs, dt);
-  check_equal(v_out, v_want, v_want.size() / es, dt, label("all_to_all_v", dt, count));
 }
 
 inline void sweep(Communicator& comm, const SweepConfig& config) {

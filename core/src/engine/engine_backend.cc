@@ -220,7 +220,9 @@ class EngineBackend : public Backend {
         const auto recvs = c.kind == OpKind::AllToAll ? std::vector<size_t>(W, bytes) : scaled(c.recv_counts);
         size_t total_in = 0, total_out = 0;
         for (size_t p = 0; p < W; ++p) total_in += sends[p], total_out += recvs[p];
-        if (total_in == 0 && total_out == 0) return;
+        // Uneven: a rank that moves nothing still takes part (the others' engine may exchange
+        // empty messages with it); even: nothing moves anywhere.
+        if (c.kind == OpKind::AllToAll && total_in == 0) return;
         if (in == out) in = private_input(total_in);
         return engine_->all_to_all_v(in, sends, out, recvs, left);
       }

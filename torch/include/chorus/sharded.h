@@ -97,7 +97,8 @@ class ShardedDataParallel {
 
   torch::nn::Module& module() { return *module_; }
   std::shared_ptr<torch::nn::Module> module_ptr() { return module_; }
-  ProcessGroup& group() { return *group_; }
+  // The group it works over (after an elastic recovery, the new one: Note [Elastic in process]).
+  ProcessGroup& group();
   ShardingStrategy strategy() const { return options_.strategy; }
 
   // What this rank holds for training, in bytes: shards, their gradients, full parameters and
@@ -125,7 +126,6 @@ class ShardedDataParallel {
     bool ok = false;
   };
   std::shared_ptr<torch::nn::Module> module_;
-  std::shared_ptr<ProcessGroup> group_;
   ShardedOptions options_;
   std::shared_ptr<detail::DataParallelEngine> engine_;
 };

@@ -4,20 +4,20 @@
 // their agent (chorus/elastic/in_process in the round's store) that they recover in process;
 // the agent then never stops them for a change: it forms the next round and writes each local
 // worker's new variables into its own store (worker/<local rank>). A worker whose group failed
-// (any collective raised, the communicator marked failed) restores its last commit, asks its
-// agent for a new round (worker/request: the agents may not have noticed, if only a link between
-// two workers broke), drops the default group, waits for its new place, sets the variables and
-// initializes the default group again on the round's fresh store. Rank 0 of every group is a
-// survivor (ranks keep the previous round's node order), so sync() from rank 0 gives newcomers
-// the committed state and puts every survivor on the same commit. A joining node's agent starts
-// new workers; they enter run() like any other and receive the state in sync().
+// (any collective raised, the communicator marked failed) asks its agent for a new round
+// (worker/request: the agents may not have noticed, if only a link between two workers broke),
+// drops the default group, waits for its new place, sets the variables and initializes the
+// default group again on the round's fresh store. Then, on every group: the state's sharded
+// modules are moved onto it (ShardedState::regroup: same tensors, new shard sizes), the newest
+// commit the group's ranks hold completely is put back (Note [Commits in memory]: survivors
+// supply it, from their own copies or their partners'; newcomers receive it) and a commit is made
+// at once, so that the new group's layout is protected before its first step. A joining node's
+// agent starts new workers; they enter run() like any other and receive the state in restore().
 #include "chorus/elastic.h"
 
-#include <ATen/core/Dict.h>
 #include <torch/nn/module.h>
-#include <torch/optim/optimizer.h>
-#include <torch/utils.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -25,20 +25,18 @@
 #include <thread>
 
 #include "chorus/core/error.h"
-#include "parallel/checkpoint/optimizers.h"
-#include "parallel/objects/collective.h"
+#include "groups/placement.h"
+#include "parallel/checkpoint/in_memory.h"
+#include "parallel/sharded/state.h"
 
 namespace chorus::elastic {
 
 using detail::concat;
-namespace ckpt = chorus::detail::checkpoint;
 
 namespace {
 
 // Leaves train() for a new group that takes in the nodes waiting (commit() throws it).
 struct NewGroup {};
-
-c10::impl::GenericDict new_dict() { return c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()); }
 
 // CHORUS_ELASTIC_TRACE=1: each step of a recovery, with wall-clock milliseconds, on stderr.
 void trace(int rank, const char* what) {
@@ -53,108 +51,38 @@ void trace(int rank, const char* what) {
   std::fprintf(stderr, "[chorus] elastic trace: rank %d: %s at unix ms %lld\n", rank, what, (long long)ms);
 }
 
-c10::IValue copy(const c10::IValue& v) {
-  if (v.isTensor()) return v.toTensor().detach().clone();
-  return v;
+// The sharded modules of the state, each once, in the order they were made (Note [Joining a
+// sharded job]: a joining process makes them in that order while the survivors move them).
+std::vector<std::shared_ptr<detail::ShardedState>> sharded_modules(const CheckpointState& items) {
+  std::vector<std::shared_ptr<detail::ShardedState>> out;
+  for (const auto& [name, item] : items) {
+    if (item.kind() != Stateful::Kind::Module) continue;
+    for (const auto& p : item.module()->parameters(true)) {
+      const detail::Placement where = detail::placement_of(p);
+      if (where.kind != detail::Placement::Kind::Shard) continue;
+      auto engine = detail::sharded_state_of(where);
+      if (engine && std::find(out.begin(), out.end(), engine) == out.end()) out.push_back(engine);
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a->id() < b->id(); });
+  return out;
 }
 
 }  // namespace
 
-State::State(CheckpointState items) : items_(std::move(items)) {}
+State::State(CheckpointState items)
+    : items_(std::move(items)), memory_(std::make_shared<detail::checkpoint::MemoryCommits>()) {}
 
-c10::IValue State::snapshot() const {
-  auto all = new_dict();
-  for (const auto& [name, item] : items_) {
-    switch (item.kind()) {
-      case Stateful::Kind::Module: {
-        auto d = new_dict();
-        for (const auto& p : item.module()->named_parameters()) d.insert("p:" + p.key(), p.value().detach().clone());
-        for (const auto& b : item.module()->named_buffers()) d.insert("b:" + b.key(), b.value().detach().clone());
-        all.insert(name, d);
-        break;
-      }
-      case Stateful::Kind::Optimizer: {
-        torch::optim::Optimizer& o = *item.optimizer();
-        const ckpt::Codec& codec = ckpt::codec_of(o, name);
-        c10::impl::GenericList options(c10::AnyType::get()), states(c10::AnyType::get());
-        for (auto& group : o.param_groups()) {
-          options.push_back(codec.options(group.options()));
-          for (const auto& p : group.params()) {
-            auto st = o.state().find(ckpt::state_key(p));
-            if (st == o.state().end()) {
-              states.push_back(c10::IValue());
-              continue;
-            }
-            auto d = new_dict();
-            d.insert("step", codec.step(*st->second));
-            for (auto& [tname, t] : codec.tensors(*st->second))
-              if (t.defined()) d.insert("t:" + tname, t.detach().clone());
-            states.push_back(d);
-          }
-        }
-        auto d = new_dict();
-        d.insert("options", options);
-        d.insert("states", states);
-        all.insert(name, d);
-        break;
-      }
-      case Stateful::Kind::Value: all.insert(name, copy(item.get())); break;
-    }
-  }
-  return all;
-}
-
-void State::apply(const c10::IValue& snapshot) {
-  const auto all = snapshot.toGenericDict();
-  torch::NoGradGuard no_grad;
-  for (const auto& [name, item] : items_) {
-    if (!all.contains(name)) throw InvalidArgument(concat("elastic::State: the commit has no item '", name, "'"));
-    const c10::IValue v = all.at(name);
-    switch (item.kind()) {
-      case Stateful::Kind::Module: {
-        const auto d = v.toGenericDict();
-        auto put = [&](const std::string& key, at::Tensor t) {
-          if (!d.contains(key))
-            throw InvalidArgument(concat("elastic::State: the commit of '", name, "' has no ", key.substr(2)));
-          t.copy_(d.at(key).toTensor());
-        };
-        for (const auto& p : item.module()->named_parameters()) put("p:" + p.key(), p.value());
-        for (const auto& b : item.module()->named_buffers()) put("b:" + b.key(), b.value());
-        break;
-      }
-      case Stateful::Kind::Optimizer: {
-        torch::optim::Optimizer& o = *item.optimizer();
-        const ckpt::Codec& codec = ckpt::codec_of(o, name);
-        const auto d = v.toGenericDict();
-        const auto options = d.at("options").toList();
-        const auto states = d.at("states").toList();
-        size_t k = 0;
-        for (size_t g = 0; g < o.param_groups().size(); ++g) {
-          auto& group = o.param_groups()[g];
-          codec.set_options(group.options(), options.get(g).toGenericDict());
-          for (const auto& p : group.params()) {
-            const c10::IValue s = states.get(k++);
-            void* key = ckpt::state_key(p);
-            if (s.isNone()) {
-              o.state().erase(key);
-              continue;
-            }
-            std::map<std::string, at::Tensor> tensors;
-            for (const auto& e : s.toGenericDict())
-              if (e.key().toStringRef().rfind("t:", 0) == 0)
-                tensors[e.key().toStringRef().substr(2)] = e.value().toTensor().clone();
-            o.state()[key] = codec.make(tensors, s.toGenericDict().at("step").toInt());
-          }
-        }
-        break;
-      }
-      case Stateful::Kind::Value: item.set(copy(v)); break;
-    }
-  }
-}
+ProcessGroup& State::group() const { return group_ ? *group_ : *default_group(); }
 
 void State::commit() {
-  committed_ = snapshot();
+  ProcessGroup& g = group();
+  for (const auto& engine : sharded_modules(items_))
+    if (engine->group_ptr().get() != &g)
+      throw InvalidArgument(concat("elastic::State::commit: a sharded module works over group '",
+                                   engine->group().name(), "', not over the group the commit is for ('", g.name(),
+                                   "'): elastic::run moves only modules sharded over the default group"));
+  memory_->commit(items_, g, commits_ + 1);
   ++commits_;
   if (group_ && launched() && nodes_waiting(group_->communicator()) > 0) {
     request_new_round(group_->communicator());
@@ -162,15 +90,9 @@ void State::commit() {
   }
 }
 
-void State::restore() {
-  if (!committed_.isNone()) apply(committed_);
-}
+void State::restore() { commits_ = memory_->restore(items_, group()); }
 
-void State::sync(ProcessGroup& group, int root) {
-  const c10::IValue theirs = chorus::detail::broadcast_value(
-      group, root, [&] { return snapshot(); }, "elastic::State::sync");
-  if (group.rank() != root) apply(theirs);
-}
+int64_t State::memory_bytes() const { return memory_->bytes(); }
 
 void run(State& state, const std::function<void(ProcessGroup&)>& train, std::chrono::milliseconds round_timeout) {
   for (bool first = true;; first = false) {
@@ -205,9 +127,12 @@ void run(State& state, const std::function<void(ProcessGroup&)>& train, std::chr
       } stop{watching, watcher};
       try {
         state.group_ = world.get();
-        if (!first) trace(world->rank(), "group made; syncing the state from rank 0");
-        state.sync(*world);
-        if (!first) trace(world->rank(), "state synced; calling train");
+        for (const auto& engine : sharded_modules(state.items_))
+          if (engine->group_ptr() != world) engine->regroup(world);
+        if (!first) trace(world->rank(), "group made; restoring the last commit");
+        state.restore();
+        state.commit();
+        if (!first) trace(world->rank(), "commit restored and made again; calling train");
         if (!first)
           for (auto& callback : state.on_reset_) callback(*world);
         train(*world);
@@ -219,10 +144,9 @@ void run(State& state, const std::function<void(ProcessGroup&)>& train, std::chr
         state.group_ = nullptr;
         if (!world->communicator().failed()) throw;
         std::fprintf(stderr,
-                     "[chorus] elastic: rank %d: the group failed (%s); back to commit %lld, waiting for a new group\n",
+                     "[chorus] elastic: rank %d: the group failed (%s); at commit %lld, waiting for a new group\n",
                      world->rank(), e.what(), (long long)state.commits());
         trace(world->rank(), "failure caught");
-        state.restore();
         ask_for_new_round(e.what());
       }
     }

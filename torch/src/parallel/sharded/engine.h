@@ -27,6 +27,7 @@ class DataParallelEngine {
   virtual ShardedDataParallel::MemoryStats memory_stats() const = 0;
   virtual void reset_peak_memory() = 0;
   virtual std::vector<std::pair<std::string, std::vector<std::string>>> unit_layout() const = 0;
+  virtual const std::shared_ptr<ProcessGroup>& group_ptr() const = 0;  // the group it works over now
 };
 
 }  // namespace chorus::detail

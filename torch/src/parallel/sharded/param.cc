@@ -46,6 +46,20 @@ ShardedParam::ShardedParam(std::string name_, at::Tensor param_, const at::Tenso
   shard.set_requires_grad(param.requires_grad());  // (values may be a contiguous copy, made without grad)
 }
 
+ShardedParam::ShardedParam(std::string name_, at::Tensor param_, int64_t numel_, at::Tensor shard_, size_t unit_,
+                           const ShardingContext& c)
+    : name(std::move(name_)),
+      param(std::move(param_)),
+      numel(numel_),
+      shard_numel(detail::shard_numel(numel, c.world)),
+      mine(shard_range(numel, shard_numel, c.rank)),
+      shard(std::move(shard_)),
+      unit(unit_) {
+  at::NoGradGuard no_grad;
+  shard.mutable_grad().reset();
+  shard.set_data(at::zeros({shard_numel}, shard.options().requires_grad(false)));
+}
+
 void ShardedParam::gather(ShardingContext& c) {
   if (full_.defined()) return;
   if (gathering_) {

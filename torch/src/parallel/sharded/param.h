@@ -68,6 +68,10 @@ class ShardedParam {
  public:
   // Takes `values` (every rank's the same) and keeps this rank's shard of them.
   ShardedParam(std::string name, at::Tensor param, const at::Tensor& values, size_t unit, const ShardingContext& c);
+  // Elastic recovery (ShardedState::regroup): the same `shard` tensor (the leaf the optimizer
+  // holds), resized to c's S for a parameter of `numel` elements; its values are zero until loaded.
+  ShardedParam(std::string name, at::Tensor param, int64_t numel, at::Tensor shard, size_t unit,
+               const ShardingContext& c);
 
   const std::string name;
   std::vector<std::string> aliases;              // a tied parameter's other names in the module

@@ -15,7 +15,7 @@ namespace {
 class ReplicatedEngine final : public detail::DataParallelEngine {
  public:
   ReplicatedEngine(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<ProcessGroup> group)
-      : module_(module), ddp_(std::move(module), options(std::move(group))) {}
+      : module_(module), group_(group), ddp_(std::move(module), options(std::move(group))) {}
 
   void begin_forward() override {}
   void end_forward(bool) override {}
@@ -50,6 +50,7 @@ class ReplicatedEngine final : public detail::DataParallelEngine {
     return m;
   }
   void reset_peak_memory() override {}
+  const std::shared_ptr<ProcessGroup>& group_ptr() const override { return group_; }
 
   std::vector<std::pair<std::string, std::vector<std::string>>> unit_layout() const override {
     std::vector<std::string> names;
@@ -65,6 +66,7 @@ class ReplicatedEngine final : public detail::DataParallelEngine {
     return ddp;
   }
   std::shared_ptr<torch::nn::Module> module_;  // (DDP's module() is not const)
+  std::shared_ptr<ProcessGroup> group_;
   DistributedDataParallel ddp_;
   std::unique_ptr<NoSyncGuard> no_sync_;  // while synchronization is off
 };
@@ -74,12 +76,12 @@ class ReplicatedEngine final : public detail::DataParallelEngine {
 ShardedDataParallel::ShardedDataParallel(std::shared_ptr<torch::nn::Module> module, ShardedOptions options)
     : module_(std::move(module)), options_(std::move(options)) {
   if (!module_) throw InvalidArgument("ShardedDataParallel: the module is null");
-  group_ = options_.group ? options_.group : default_group();
+  std::shared_ptr<ProcessGroup> group = options_.group ? options_.group : default_group();
   if (options_.strategy == ShardingStrategy::NoShard) {
-    engine_ = std::make_shared<ReplicatedEngine>(module_, group_);
+    engine_ = std::make_shared<ReplicatedEngine>(module_, group);
     return;
   }
-  auto state = std::make_shared<detail::ShardedState>(group_, options_.strategy, options_.prefetch);
+  auto state = std::make_shared<detail::ShardedState>(group, options_.strategy, options_.prefetch);
   state->shard(*module_, options_.units);
   engine_ = std::move(state);
 }
@@ -96,6 +98,8 @@ void ShardedDataParallel::ForwardScope::finished() {
 }
 
 std::vector<at::Tensor> ShardedDataParallel::parameters() { return engine_->parameters(); }
+
+ProcessGroup& ShardedDataParallel::group() { return *engine_->group_ptr(); }
 
 torch::OrderedDict<std::string, at::Tensor> ShardedDataParallel::named_parameters() {
   return engine_->named_parameters();

@@ -63,8 +63,21 @@ ShardedState::~ShardedState() {
   }
 }
 
+// Note [Joining a sharded job]: a process that joins an elastic job running in process makes its
+// ShardedDataParallel while the survivors move theirs onto the same new group (regroup). Both
+// begin with the same agreement, whether any rank moves; if one does, the new module takes no
+// values from rank 0 (its values come from the commit restored next), so that both issue the
+// same collectives after it: the arena's allocation only.
+bool ShardedState::agree_regrouping(bool mine) {
+  int64_t flag = mine ? 1 : 0;
+  std::vector<int64_t> all(size_t(ctx_.world));
+  ctx_.group->communicator().all_gather(&flag, all.data(), 1, DataType::Int64);
+  return std::find(all.begin(), all.end(), 1) != all.end();
+}
+
 void ShardedState::shard(torch::nn::Module& module, const std::vector<std::shared_ptr<torch::nn::Module>>& units) {
   const std::vector<size_t> unit_of = assign_units(module, units);
+  joining_ = agree_regrouping(false);
   at::NoGradGuard no_grad;
   std::unordered_map<const c10::TensorImpl*, size_t> seen;
   size_t k = 0;
@@ -78,10 +91,15 @@ void ShardedState::shard(torch::nn::Module& module, const std::vector<std::share
     seen.emplace(p.unsafeGetTensorImpl(), params_.size());
     add_param(item.key(), p, unit);
   }
-  for (const auto& item : module.named_buffers(true)) {
-    at::Tensor b = item.value();
-    ctx_.group->broadcast_(b, 0);  // rank 0's values win
-  }
+  if (!joining_)
+    for (const auto& item : module.named_buffers(true)) {
+      at::Tensor b = item.value();
+      ctx_.group->broadcast_(b, 0);  // rank 0's values win
+    }
+  arm();
+}
+
+void ShardedState::arm() {
   for (size_t i = 0; i < params_.size(); ++i)  // gradient hooks (backward.cc)
     if (params_[i]->param.requires_grad())
       hooks_.add(params_[i]->param, weak_from_this(), &ShardedState::on_grad_ready, i);
@@ -102,6 +120,43 @@ void ShardedState::shard(torch::nn::Module& module, const std::vector<std::share
   ctx_.buffers.set_limit(2 * largest);  // the unit in use and the one prefetched
   if (ctx_.world > 1 && first > 0)
     ctx_.buffers.set_arena(ctx_.group->alloc_symmetric(first + second + blocks, at::kByte));
+}
+
+void ShardedState::regroup(std::shared_ptr<ProcessGroup> group) {
+  check_idle("elastic::run");
+  std::lock_guard<std::mutex> lock(mu_);
+  hooks_.clear();
+  ctx_.group = std::move(group);
+  ctx_.world = ctx_.group->size();
+  ctx_.rank = ctx_.group->rank();
+  agree_regrouping(true);  // Note [Joining a sharded job]
+  std::vector<std::unique_ptr<ShardedParam>> old;
+  old.swap(params_);
+  for (auto& p : old) {  // as the destructor: what the failed group had in flight is dropped
+    forget_shard(p->storage.get());
+    p->abandon_reduction(ctx_);
+    p->free(ctx_);
+    fill_storage(*p->storage, nullptr, 0);
+  }
+  for (auto& u : units_) {
+    u.params.clear();
+    u.reduced.clear();
+    u.reset_backward();
+  }
+  ctx_.buffers = BufferCache();
+  ctx_.memory = MemoryLedger();
+  for (auto& p : old) {
+    auto moved = std::make_unique<ShardedParam>(p->name, p->param, p->numel, p->shard, p->unit, ctx_);
+    moved->aliases = p->aliases;
+    adopt(std::move(moved));
+  }
+  state_ = TrainingState::Idle;
+  forward_order_.clear();
+  current_.reset();
+  reduction_order_.clear();
+  next_reduction_ = 0;
+  deferred_ = nullptr;
+  arm();
 }
 
 // Makes the units (the root unit first) and returns the unit of each entry of
@@ -136,13 +191,17 @@ void ShardedState::add_param(const std::string& name, const at::Tensor& param, s
     throw InvalidArgument(concat("ShardedDataParallel: parameter '", name, "' is on ", param.device().str(),
                                  "; this build shards parameters on the CPU"));
   at::Tensor values = param.is_sparse() || !param.is_contiguous() ? param.contiguous() : param;
-  ctx_.group->broadcast_(values, 0);  // rank 0's values win
+  if (!joining_) ctx_.group->broadcast_(values, 0);  // rank 0's values win
+  adopt(std::make_unique<ShardedParam>(name, param, values, unit, ctx_));
+}
+
+void ShardedState::adopt(std::unique_ptr<ShardedParam> param) {
   const size_t index = params_.size();
-  params_.push_back(std::make_unique<ShardedParam>(name, param, values, unit, ctx_));
+  params_.push_back(std::move(param));
   ShardedParam& p = *params_.back();
   p.storage = make_sharded(p.param, shared_from_this(), index);  // the full values go with the old storage
-  units_[unit].params.push_back(&p);
-  if (param.requires_grad()) units_[unit].reduced.push_back(&p);
+  units_[p.unit].params.push_back(&p);
+  if (p.param.requires_grad()) units_[p.unit].reduced.push_back(&p);
 }
 
 bool ShardedState::busy() const {
@@ -218,15 +277,20 @@ void ShardedState::end_forward(bool ok) {
     if (!seen_in_forward_[u]) reduction_order_.push_back(u);
 }
 
-void ShardedState::prepare_load() {
+void ShardedState::check_idle(const char* what) {
   if (busy())
     throw InvalidArgument(
-        "load_checkpoint: a sharded module is in its forward or backward; load before forward or after backward");
+        concat(what, ": a sharded module is in its forward or backward; call it before forward or after backward"));
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& p : params_)
     if (p->held)
       throw InvalidArgument(
-          concat("load_checkpoint: parameter '", p->name, "' is held by a GatheredParameters; load after it exits"));
+          concat(what, ": parameter '", p->name, "' is held by a GatheredParameters; call it after that exits"));
+}
+
+void ShardedState::prepare_load() {
+  check_idle("load_checkpoint");
+  std::lock_guard<std::mutex> lock(mu_);
   free_all();
 }
 

@@ -36,6 +36,11 @@ class ShardedState final : public DataParallelEngine,
 
   // Construction: takes the module's parameters (rank 0's values) and units.
   void shard(torch::nn::Module& module, const std::vector<std::shared_ptr<torch::nn::Module>>& units);
+  // Elastic recovery (Note [Elastic in process]): shards the same parameters over `group`, the
+  // group that replaced this one's. The module's tensors and the shard tensors stay the same
+  // objects (the optimizer's references hold), sized for the new group; their values are zero
+  // until a commit is loaded into them. Collective over `group`. InvalidArgument while busy or held.
+  void regroup(std::shared_ptr<ProcessGroup> group);
 
   // An operator is about to use parameter i (Note [Sharded parameters]): gathers its unit or throws.
   void touch(size_t i, const std::string& op) override;
@@ -79,7 +84,7 @@ class ShardedState final : public DataParallelEngine,
   // them in the same order): GatheredParameters' canonical order.
   uint64_t id() const { return id_; }
   ProcessGroup& group() { return *ctx_.group; }
-  const std::shared_ptr<ProcessGroup>& group_ptr() const { return ctx_.group; }
+  const std::shared_ptr<ProcessGroup>& group_ptr() const override { return ctx_.group; }
   bool busy() const;  // in forward or a backward
   // An error a GatheredParameters destructor could not throw: thrown by the next forward or
   // GatheredParameters.
@@ -91,6 +96,10 @@ class ShardedState final : public DataParallelEngine,
   std::vector<size_t> assign_units(torch::nn::Module& module,
                                    const std::vector<std::shared_ptr<torch::nn::Module>>& units);
   void add_param(const std::string& name, const at::Tensor& p, size_t unit);
+  void adopt(std::unique_ptr<ShardedParam> param);  // makes its tensor a sharded parameter of ours
+  void arm();                                       // gradient hooks and the arena, once the params are in
+  void check_idle(const char* what);                // InvalidArgument while busy or held
+  bool agree_regrouping(bool mine);                 // Note [Joining a sharded job]: does any rank regroup?
 
   // Callers hold mu_.
   bool reshards_after_forward() const { return strategy_ == ShardingStrategy::FullShard; }
@@ -103,6 +112,7 @@ class ShardedState final : public DataParallelEngine,
   const uint64_t id_;
   const ShardingStrategy strategy_;
   const bool prefetch_;
+  bool joining_ = false;  // made while survivors regroup: values come from a commit (Note [Joining a sharded job])
   ShardingContext ctx_;
   std::vector<std::unique_ptr<ShardedParam>> params_;
   std::vector<ShardedUnit> units_;  // units_[0]: the root unit
