@@ -16,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include "chorus/core/elastic.h"
 #include "chorus/core/elastic_agent.h"
 #include "chorus/core/error.h"
 #include "chorus/core/supervisor.h"
@@ -48,7 +49,9 @@ int cores() {
   return int(std::max(1u, std::thread::hardware_concurrency()));
 }
 
-void say(const std::string& what) { std::fprintf(stderr, "chorusrun: %s\n", what.c_str()); }
+void say(const std::string& what) {
+  std::fprintf(stderr, "chorusrun: %s%s\n", chorus::elastic::trace_stamp().c_str(), what.c_str());
+}
 
 // Note [Two ports]: chorus programs meet on chorusrun's store (CHORUS_STORE_ADDR/PORT). MASTER_PORT
 // is another port, left free for a program that serves its own store there, as

@@ -20,7 +20,10 @@ AbortCause abort_cause(const std::exception_ptr& error) {
 }
 
 void raise_peer_abort(const AbortCause& cause, int from, const std::string& what, const std::string& group) {
-  const std::string msg = detail::concat(what, " on group '", group, "': rank ", from, " gave up first: ", cause.text);
+  raise_as(cause, detail::concat(what, " on group '", group, "': rank ", from, " gave up first: ", cause.text), what);
+}
+
+void raise_as(const AbortCause& cause, const std::string& msg, const std::string& what) {
   switch (cause.kind) {
     case AbortKind::Timeout: throw TimeoutError(msg, {cause.about}, what);
     case AbortKind::PeerFailure: throw PeerFailure(msg, cause.about);

@@ -24,5 +24,7 @@ AbortCause abort_cause(const std::exception_ptr& error);
 // on group `group`: the same error type, naming the same rank.
 [[noreturn]] void raise_peer_abort(const AbortCause& cause, int from, const std::string& what,
                                    const std::string& group);
+// Throws `msg` as the error type of `cause` (`what`: the call, for a TimeoutError).
+[[noreturn]] void raise_as(const AbortCause& cause, const std::string& msg, const std::string& what);
 
 }  // namespace chorus

@@ -143,4 +143,16 @@ void await_next_round(std::chrono::milliseconds timeout) {
   }
 }
 
+std::string trace_stamp() {
+  static const bool on = [] {
+    const char* v = std::getenv("CHORUS_ELASTIC_TRACE");
+    return v && *v && *v != '0';
+  }();
+  if (!on) return "";
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
+  return "[unix ms " + std::to_string(ms) + "] ";
+}
+
 }  // namespace chorus::elastic

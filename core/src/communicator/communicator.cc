@@ -220,10 +220,13 @@ void Communicator::fail(const std::exception_ptr& error) {
     std::lock_guard<std::mutex> lock(state_mu_);
     if (failed_) return;
     failed_ = error;
-    backend_->abort(failed_);
     aborted_.store(true, std::memory_order_release);
   }
-  if (hierarchy_) hierarchy_->fail(error);  // outside the lock: a step's failure comes back here
+  // Outside the lock, the subgroups first: aborting wakes this rank's waits at once, but telling
+  // the peers goes through the store, which may take seconds when its host is gone; the threads
+  // woken come back here (a hierarchy step's failure too) and raise failed_.
+  if (hierarchy_) hierarchy_->fail(error);
+  backend_->abort(error);
 }
 
 void Communicator::all_reduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op, Timeout timeout) {

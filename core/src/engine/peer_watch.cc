@@ -111,12 +111,17 @@ bool PeerWatch::a_peer_stopped_beating() {
 }
 
 void PeerWatch::abort(const AbortCause& cause) {
+  {
+    std::lock_guard<std::mutex> g(record_mu_);
+    self_cause_ = cause;
+  }
+  self_abort_ = true;
+  engine_.interrupt();  // this rank's waits end now; telling the peers may take longer
   try {
     store_.compare_set(WatchKeys::kAbort, "", encode({rank_, cause}));
   } catch (const std::exception&) {
     // The store is gone with its host; the peers find out from the engine or their deadline.
   }
-  engine_.interrupt();
 }
 
 // The ranks that left the group (destroyed their communicator) having made fewer than `call`
@@ -152,6 +157,14 @@ void PeerWatch::check_peers(const std::string& what) {
 
 void PeerWatch::diagnose(const Call& c, const std::string& engine_text) {
   const std::string what = detail::concat(describe(c), " (call #", calls_, ")");
+  if (self_abort_) {  // this rank gave up: that is the error, no peer is to blame
+    AbortCause cause;
+    {
+      std::lock_guard<std::mutex> g(record_mu_);
+      cause = self_cause_;
+    }
+    raise_as(cause, cause.text, what);
+  }
   try {  // the watchdog may not have seen the record yet
     if (!peer_abort_ && store_.check({WatchKeys::kAbort}))
       if (auto r = decode(store_.get(WatchKeys::kAbort)); r && r->from != rank_) raise(*r, what);

@@ -71,7 +71,8 @@ class PeerWatch {
   // culprit: a peer's abort, the deadline (TimeoutError with the missing ranks), a rank that
   // left, or ranks whose heartbeat stopped.
   [[noreturn]] void diagnose(const Call& c, const std::string& engine_text);
-  // Publishes this rank's abort for the peers (first record wins), and interrupts the engine.
+  // Interrupts the engine, and publishes this rank's abort for the peers (first record wins). A
+  // call it interrupts raises the cause at once, without looking for a peer to blame.
   void abort(const AbortCause& cause);
 
  private:
@@ -106,8 +107,10 @@ class PeerWatch {
   std::condition_variable cv_;
   bool stopping_ = false;
   std::atomic<bool> peer_abort_{false};
+  std::atomic<bool> self_abort_{false};
   std::mutex record_mu_;
   AbortRecord record_;
+  AbortCause self_cause_;  // this rank's abort (under record_mu_)
   std::mutex left_mu_;
   std::map<int, uint64_t> left_;  // ranks that left, and how many collectives they had made
   std::thread watchdog_;          // last: starts once everything above exists

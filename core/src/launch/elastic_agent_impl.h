@@ -21,6 +21,7 @@
 #include "launch/elastic_record.h"
 #include "store/socket_util.h"
 
+#include "chorus/core/elastic.h"
 #include "chorus/core/elastic_agent.h"
 
 namespace chorus {
@@ -36,7 +37,7 @@ inline constexpr auto kContactTimeout = 300ms;
 inline constexpr const char* kLastCall = "waiting for more nodes (last call)";
 
 inline void say(const ElasticOptions& o, const std::string& what) {
-  std::fprintf(stderr, "%s: %s\n", o.name.c_str(), what.c_str());
+  std::fprintf(stderr, "%s: %s%s\n", o.name.c_str(), elastic::trace_stamp().c_str(), what.c_str());
   std::fflush(stderr);
 }
 
@@ -51,9 +52,10 @@ struct ElasticAgent::Impl {
   std::mutex peers_mu;
   std::map<std::string, std::shared_ptr<TcpStore>> peers;  // "addr:port" -> client
 
-  Round current;                                // the round whose workers run (number -1: none)
-  std::unique_ptr<TcpStoreServer> round_store;  // served here when this node is the round's node 0
-  std::shared_ptr<TcpStore> round_client_;      // see round_client()
+  Round current;                                         // the round whose workers run (number -1: none)
+  std::unique_ptr<TcpStoreServer> round_store;           // served here when this node is the round's node 0
+  std::unique_ptr<TcpStoreServer> previous_round_store;  // the last round's, until the next one starts
+  std::shared_ptr<TcpStore> round_client_;               // see round_client()
   std::mutex round_mu;
 
   // A client of the round's store, made when first needed (node 0 may already have moved on
@@ -69,10 +71,13 @@ struct ElasticAgent::Impl {
     }
     return round_client_;
   }
+  // The round's store is kept until the next round starts: in-process workers still tell it
+  // that they leave the old group, and a store gone at that moment costs each of them its
+  // client's reconnect wait (2 s).
   void drop_round() {
     std::lock_guard<std::mutex> lock(round_mu);
     round_client_.reset();
-    round_store.reset();
+    if (round_store) previous_round_store = std::move(round_store);
   }
   // Asks the round's store whether `key` is there; false when it cannot be asked (a client that
   // failed is made again next time).

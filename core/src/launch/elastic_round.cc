@@ -100,13 +100,15 @@ void ElasticAgent::Impl::watch() {
       } catch (const Error& e) {
         forget(m.addr, m.port);
         const std::string what = e.what();
-        const bool silent = what.find("within") != std::string::npos && what.find("timed out") != std::string::npos;
+        // No answer within the contact timeout (a cut link, a stalled host) is silence, lost only
+        // after dead_after; a refused or closed connection means its agent is gone.
+        const bool silent = what.find("within") != std::string::npos;
         const auto quiet = Clock::now() - heard[m.id];
         if (!silent || quiet >= o.dead_after)
           flag(concat("node ", m.name(), " ",
                       silent ? concat("stopped answering (silent for ",
                                       std::chrono::duration_cast<std::chrono::milliseconds>(quiet).count(), " ms)")
-                             : std::string("is gone (its agent does not answer)")));
+                             : concat("is gone (its agent does not answer: ", what, ")")));
       }
     }
   }

@@ -21,8 +21,14 @@ using wire::Status;
 
 namespace {
 // Blocking calls on the server carry their own timeout; the client allows this much more for
-// the answer to travel back before it gives up on the server.
-constexpr auto kReplyGrace = std::chrono::seconds(5);
+// the answer to travel back before it gives up on the server. Never more than the client's own
+// timeout: a client that expects answers within 300 ms (an elastic agent asking another) must not
+// sit 5 s on a server whose link went down.
+constexpr auto kReplyGrace = std::chrono::milliseconds(5000);
+std::chrono::milliseconds reply_grace(std::chrono::milliseconds timeout) {
+  return std::min<std::chrono::milliseconds>(
+      kReplyGrace, std::max<std::chrono::milliseconds>(timeout, std::chrono::milliseconds(100)));
+}
 // Once a server has answered, a refused connection means it is gone (its host died, or the
 // launcher that served it moved on), not that it has yet to start: give up after this long
 // rather than after the whole timeout, so that a rank waiting on a vanished store fails fast.
@@ -168,7 +174,7 @@ void TcpStore::set(const std::string& key, const std::string& value) {
 std::string TcpStore::get(const std::string& key) {
   try {
     std::string out = call([&](wire::Writer& w) { w.u8(uint8_t(Command::Get)).str(key).i64(timeout().count()); },
-                           "get('" + key + "')", timeout() + kReplyGrace);
+                           "get('" + key + "')", timeout() + reply_grace(timeout()));
     return wire::Reader(out).str();
   } catch (const StoreError& e) {
     if (std::string(e.what()).find("timed out") != std::string::npos)
@@ -199,7 +205,7 @@ void TcpStore::wait(const std::vector<std::string>& keys, std::optional<std::chr
           for (const auto& k : keys) w.str(k);
           w.i64(limit.count());
         },
-        "wait", limit + kReplyGrace);
+        "wait", limit + reply_grace(TcpStore::timeout()));
   } catch (const StoreError& e) {
     if (std::string(e.what()).find("timed out") == std::string::npos) throw;
     std::vector<std::string> missing;  // name exactly the keys still missing

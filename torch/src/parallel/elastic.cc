@@ -40,15 +40,8 @@ struct NewGroup {};
 
 // CHORUS_ELASTIC_TRACE=1: each step of a recovery, with wall-clock milliseconds, on stderr.
 void trace(int rank, const char* what) {
-  static const bool on = [] {
-    const char* v = std::getenv("CHORUS_ELASTIC_TRACE");
-    return v && *v && *v != '0';
-  }();
-  if (!on) return;
-  const auto ms =
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-          .count();
-  std::fprintf(stderr, "[chorus] elastic trace: rank %d: %s at unix ms %lld\n", rank, what, (long long)ms);
+  if (const std::string stamp = trace_stamp(); !stamp.empty())
+    std::fprintf(stderr, "[chorus] elastic trace: %srank %d: %s\n", stamp.c_str(), rank, what);
 }
 
 // The sharded modules of the state, each once, in the order they were made (Note [Joining a
@@ -109,6 +102,7 @@ void run(State& state, const std::function<void(ProcessGroup&)>& train, std::chr
         while (watching.load()) {
           try {
             if (next_round_published()) {
+              trace(group->rank(), "a newer round is published: failing the group");
               group->communicator().abort("chorusrun formed a new round: a peer was lost or nodes joined");
               return;
             }

@@ -46,4 +46,9 @@ bool next_round_published();
 // init_process_group() joins it. Throws TimeoutError after `timeout`.
 void await_next_round(std::chrono::milliseconds timeout);
 
+// CHORUS_ELASTIC_TRACE=1 (for the agents and the workers): "[unix ms N] ", the wall-clock time
+// to put before a line about a change of membership, so that the steps of a recovery can be
+// lined up across hosts; "" otherwise.
+std::string trace_stamp();
+
 }  // namespace chorus::elastic
