@@ -65,11 +65,12 @@ int listen_on(const std::string& host, int port, int* bound_port) {
   throw StoreError(detail::concat("cannot listen on ", host, ":", port, ": ", std::strerror(last_errno)));
 }
 
-int connect_to(const std::string& host, int port, std::chrono::milliseconds timeout) {
+int connect_to(const std::string& host, int port, std::chrono::milliseconds timeout, bool refused_is_final) {
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + timeout;
   auto backoff = std::chrono::milliseconds(5);
   std::string last_error = "timed out";
+  bool given_up = false;  // refused, and refusals are final
   while (true) {
     AddrInfo ai;
     resolve(host, port, false, &ai);
@@ -96,10 +97,15 @@ int connect_to(const std::string& host, int port, std::chrono::milliseconds time
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
         return fd;
       }
+      const bool refused = errno == ECONNREFUSED;
       last_error = std::strerror(errno);
       close(fd);
+      if (refused && refused_is_final) {
+        given_up = true;
+        break;
+      }
     }
-    if (std::chrono::steady_clock::now() + backoff >= deadline) break;
+    if (given_up || std::chrono::steady_clock::now() + backoff >= deadline) break;
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(250));
   }

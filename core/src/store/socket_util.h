@@ -10,9 +10,10 @@ namespace chorus::net {
 // Throws StoreError naming host:port.
 int listen_on(const std::string& host, int port, int* bound_port);
 
-// Connects to host:port, retrying refused/unreachable attempts until `timeout` passes.
-// Throws StoreError naming host:port and the last error.
-int connect_to(const std::string& host, int port, std::chrono::milliseconds timeout);
+// Connects to host:port, retrying refused/unreachable attempts until `timeout` passes (the server
+// may not have started yet); with `refused_is_final`, a refusal ends it at once (a server that
+// answered before and now refuses is gone). Throws StoreError naming host:port and the last error.
+int connect_to(const std::string& host, int port, std::chrono::milliseconds timeout, bool refused_is_final = false);
 
 void set_nonblocking(int fd);
 

@@ -30,8 +30,9 @@ std::chrono::milliseconds reply_grace(std::chrono::milliseconds timeout) {
       kReplyGrace, std::max<std::chrono::milliseconds>(timeout, std::chrono::milliseconds(100)));
 }
 // Once a server has answered, a refused connection means it is gone (its host died, or the
-// launcher that served it moved on), not that it has yet to start: give up after this long
-// rather than after the whole timeout, so that a rank waiting on a vanished store fails fast.
+// launcher that served it moved on), not that it has yet to start: a reconnection gives up at
+// the first refusal, and one that gets no answer at all after this long rather than after the
+// whole timeout, so that a rank waiting on a vanished store fails fast.
 constexpr auto kReconnect = std::chrono::seconds(2);
 }  // namespace
 
@@ -51,8 +52,8 @@ TcpStore::TcpStore(std::string host, int port, std::optional<std::chrono::millis
   idle_.push_back(open_connection(this->timeout()));
 }
 
-int TcpStore::open_connection(std::chrono::milliseconds timeout) {
-  const int fd = net::connect_to(host_, port_, timeout);
+int TcpStore::open_connection(std::chrono::milliseconds timeout, bool refused_is_final) {
+  const int fd = net::connect_to(host_, port_, timeout, refused_is_final);
   if (secret_.empty()) return fd;
   try {
     auto ask = [&](auto build, const char* what) {
@@ -92,7 +93,7 @@ std::string TcpStore::call(Build&& build, const std::string& what, std::chrono::
   if (fd < 0) {
     if (gone_.load()) throw StoreError(detail::concat(describe(), ": the server has gone away (", what, ")"));
     try {
-      fd = open_connection(std::min<std::chrono::milliseconds>(timeout(), kReconnect));
+      fd = open_connection(std::min<std::chrono::milliseconds>(timeout(), kReconnect), /*refused_is_final=*/true);
     } catch (const StoreError&) {
       gone_.store(true);  // once: later calls fail at once instead of trying for kReconnect each
       throw;

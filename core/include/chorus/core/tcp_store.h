@@ -64,7 +64,7 @@ class TcpStore : public Store {
   template <class Build>
   std::string call(Build&& build, const std::string& what, std::chrono::milliseconds limit);
   // A new connection to the server, authenticated when there is a secret.
-  int open_connection(std::chrono::milliseconds timeout);
+  int open_connection(std::chrono::milliseconds timeout, bool refused_is_final = false);
   std::string exchange(int fd, const std::string& frame, uint32_t id, const std::string& what,
                        std::chrono::milliseconds limit);
 
