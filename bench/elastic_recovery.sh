@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Recovery from a lost host: chorus (restart from a checkpoint, and in process) against torchrun's
-# elastic launch with gloo, on 3 network-namespace hosts x 2 ranks (tests/netns.sh), training the
+# Recovery from a lost host: chorus (restart from a checkpoint; in process, replicated and
+# FullShard) against torchrun's elastic launch with gloo, on 3 network-namespace hosts x 2 ranks (tests/netns.sh), training the
 # main job's model (examples/train_ddp; bench/peers/elastic_train.py for torchrun: the same
 # model, data, batch and optimizer), a checkpoint or commit every 10 steps. At a random moment
 # after the first one, every process of host 2 is killed (torchrun's c10d store lives on host 0,
@@ -9,7 +9,8 @@
 # redone (taken before the kill, lost with it). Needs the build (chorusrun, train_ddp,
 # chorus_torch) and the project venv's torch and torchrun.
 # Usage: bench/elastic_recovery.sh [--repeat N] [--build DIR]
-#   ONLY=restart|in-process|torchrun runs that path once; KEEP=1 keeps the logs (printed dir).
+#   ONLY=restart|in-process|in-process-fsdp|torchrun runs that path once; KEEP=1 keeps the logs
+#   (the directory is printed).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 repeat=3 build=$root/build
@@ -35,9 +36,10 @@ run() {
   mkdir -p "$dir"
   for i in 0 1 2; do
     case $path in
-      restart | in-process)
+      restart | in-process | in-process-fsdp)
         local extra=()
-        [[ $path == in-process ]] && extra=(--in-process)
+        [[ $path == in-process* ]] && extra=(--in-process)
+        [[ $path == *-fsdp ]] && extra+=(--strategy fsdp)
         in_host "${HOST_NS[i]}" host$i "$build/launcher/chorusrun" --nnodes 2:3 --nproc-per-node 2 --max-restarts 3 \
           --rdzv-endpoint "$ep" --rdzv-id "$path$n" --rdzv-conf join_timeout=60,last_call_timeout=2 \
           "$build/examples/train_ddp" --epochs 1 --train-size 24000 --test-size 1200 --batch 64 \
@@ -45,10 +47,13 @@ run() {
         ;;
       torchrun)
         # The namespaces' hostnames resolve nowhere: say which agent hosts the store (is_host),
-        # and which interface gloo uses, instead of letting them look the names up.
+        # and which interface gloo uses, instead of letting them look the names up. The workers
+        # get a store of their own each round: with the rendezvous store shared (torchrun's
+        # default), the survivors' second round read the first round's gloo addresses and never
+        # connected (pytorch/pytorch#135712).
         local is_host=false
         ((i == 0)) && is_host=true
-        in_host "${HOST_NS[i]}" host$i env GLOO_SOCKET_IFNAME=c$$h$i "$torchrun" --nnodes 2:3 --nproc-per-node 2 \
+        in_host "${HOST_NS[i]}" host$i env GLOO_SOCKET_IFNAME=c$$h$i TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "$torchrun" --nnodes 2:3 --nproc-per-node 2 \
           --max-restarts 3 --rdzv-backend c10d --rdzv-endpoint "${HOST_IP[0]}:29400" --rdzv-id "tr$n" \
           --local-addr "${HOST_IP[i]}" --rdzv-conf last_call_timeout=2,join_timeout=60,is_host=$is_host \
           --monitor-interval 0.1 \
@@ -81,16 +86,16 @@ run() {
   fi
 }
 
-printf "%-12s %8s %22s %14s\n" path run "kill -> next step (ms)" "steps redone"
+printf "%-16s %4s %22s %14s\n" path run "kill -> next step (ms)" "steps redone"
 [[ -n ${KEEP:-} ]] && echo "logs: $out"
 for n in $(seq "$repeat"); do
   if [[ -n ${ONLY:-} ]]; then
     read -r ms redone < <(run "$ONLY" 1)
-    printf "%-12s %8s %22s %14s\n" "$ONLY" 1 "$ms" "$redone"
+    printf "%-16s %4s %22s %14s\n" "$ONLY" 1 "$ms" "$redone"
     break
   fi
-  for path in restart in-process torchrun; do
+  for path in restart in-process in-process-fsdp torchrun; do
     read -r ms redone < <(run "$path" "$n")
-    printf "%-12s %8s %22s %14s\n" "$path" "$n" "$ms" "$redone"
+    printf "%-16s %4s %22s %14s\n" "$path" "$n" "$ms" "$redone"
   done
 done

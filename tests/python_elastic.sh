@@ -32,10 +32,10 @@ run_case() {
   local name=$1
   shift
   local pids=() i
-  # Agent 0 first: under torchrun it hosts the c10d store, whose loss would end the job
-  # (pytorch/pytorch#67742), so agent 1 is the one killed.
+  # Agent 0 first: under torchrun it hosts the c10d store (torchrun_agent says so), whose loss
+  # would end the job (pytorch/pytorch#67742), so agent 1 is the one killed.
   for i in 0 1; do
-    "$@" "$script" "$work/$name.pt" 300 >"$work/$name.$i.log" 2>&1 &
+    AGENT=$i "$@" "$script" "$work/$name.pt" 300 >"$work/$name.$i.log" 2>&1 &
     pids[i]=$!
     sleep 1
   done
@@ -53,10 +53,17 @@ run_case() {
   echo "PASSED $name: $(grep -o 'resumed from step [0-9]* at world 1' "$work/$name.0.log")"
 }
 
+# torchrun agent $AGENT: agent 0 hosts the c10d store. Left to itself, whichever agent binds the
+# endpoint first would (on a loaded machine, not always agent 0).
+torchrun_agent() {
+  local host=false
+  ((AGENT == 0)) && host=true
+  "$torchrun" --nnodes 1:2 --nproc-per-node 1 --max-restarts 3 --rdzv-backend c10d \
+    --rdzv-endpoint 127.0.0.1:$p --rdzv-id py-elastic --rdzv-conf last_call_timeout=1,join_timeout=60,is_host=$host \
+    --monitor-interval 0.1 "$@"
+}
 p=$(port)
-run_case torchrun "$torchrun" --nnodes 1:2 --nproc-per-node 1 --max-restarts 3 --rdzv-backend c10d \
-  --rdzv-endpoint 127.0.0.1:$p --rdzv-id py-elastic --rdzv-conf last_call_timeout=1,join_timeout=60 \
-  --monitor-interval 0.1
+run_case torchrun torchrun_agent
 p=$(port)
 run_case chorusrun "$chorusrun" --nnodes 1:2 --nproc-per-node 1 --max-restarts 3 --rdzv-endpoint 127.0.0.1:$p \
   --rdzv-id py-elastic --rdzv-conf last_call_timeout=1,join_timeout=60 "$python"
