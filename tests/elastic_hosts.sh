@@ -68,7 +68,8 @@ reference() {
 scenario() {
   local what=$1 victim nn=2:3 survivors i t0 mode=()
   args=($(args_for 24000))
-  [[ $what == ip-* ]] && mode=(--in-process) && what=${what#ip-} && args=($(args_for 60000))
+  # FullShard steps are slower: half the in-process epoch leaves as much room for the event.
+  [[ $what == ip-* ]] && mode=(--in-process) && what=${what#ip-} && args=($(args_for $([[ $strategy == fsdp ]] && echo 30000 || echo 60000)))
   local name=$what${mode:+-ip}
   case $what in
     kill2 | cut2) victim=2 ;;

@@ -185,6 +185,7 @@ void PeerWatch::diagnose(const Call& c, const std::string& engine_text) {
                       left.front());
   std::vector<int> dead = stopped_beating();
   check_peers(what);
+  if (self_abort_) diagnose(c, engine_text);  // gave up while watching: raises the cause
   if (dead.empty())
     throw PeerFailure(detail::concat(what, " on group '", group_, "' failed in ", engine_.name(), ": ", engine_text),
                       -1);
@@ -201,7 +202,11 @@ std::vector<int> PeerWatch::stopped_beating() {
   try {
     for (int r = 0; r < size_; ++r)
       if (r != rank_) before[size_t(r)] = store_.add(WatchKeys::beat(r), 0);
-    std::this_thread::sleep_for(kBeatsToDeath * kBeat);
+    // Watching for kBeatsToDeath beats, unless this rank gives up meanwhile (its launcher formed
+    // a new group, say): then nobody is to blame and the wait would only delay the recovery.
+    const auto until = Clock::now() + kBeatsToDeath * kBeat;
+    while (Clock::now() < until && !self_abort_) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (self_abort_) return {};
     std::vector<int> dead;
     for (int r = 0; r < size_; ++r)
       if (r != rank_ && store_.add(WatchKeys::beat(r), 0) == before[size_t(r)]) dead.push_back(r);
