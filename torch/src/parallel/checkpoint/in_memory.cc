@@ -81,7 +81,7 @@ std::vector<Slot> slots_of(const c10::IValue& v) {
 // it keeps. Collective (the ranks' nodes).
 struct Partners {
   int to = 0, from = 0;
-  bool other_node = true;  // `to` lives on another node
+  bool crowded = false;  // a node has more than half of the ranks: some partners share a node
 };
 
 Partners partners(ProcessGroup& g) {
@@ -103,7 +103,7 @@ Partners partners(ProcessGroup& g) {
   Partners p;
   p.to = order[(at + most) % w];
   p.from = order[(at + w - most % w) % w];
-  p.other_node = nodes[size_t(p.to)] != nodes[size_t(g.rank())];
+  p.crowded = 2 * most > w;
   return p;
 }
 
@@ -159,7 +159,7 @@ void exchange(Version& v, ProcessGroup& group) {
   const Partners p = partners(group);
   if (p.to == group.rank()) return;  // one node: nobody else to keep them
   static bool warned = false;
-  if (!p.other_node && !warned && group.rank() == 0) {
+  if (p.crowded && !warned && group.rank() == 0) {
     warned = true;
     std::fprintf(stderr,
                  "[chorus] elastic: a node holds more than half of the %d ranks, so some ranks' shards are kept "
