@@ -134,6 +134,42 @@ TEST(MemoryCommits, ANewcomerReceivesItsShards) {
   });
 }
 
+// The group fails in the middle of a backward (as a host cut off during a step): the module is
+// left inside that backward, and moving it onto the next group drops what the step had in
+// flight. The commit comes back and training goes on, the same on every rank.
+TEST(MemoryCommits, AGroupThatFailsDuringBackwardIsLeftForTheNext) {
+  run_two_nodes([&](RankContext&) {
+    auto world = default_group();
+    auto next = world->split({0, 1, 2, 3});
+    Trainee t;
+    t.train(1);
+    MemoryCommits memory;
+    memory.commit(t.state, *world, 1);
+    const at::Tensor want = t.params();
+    at::Tensor x = at::ones({4, 7});
+    at::Tensor out = t.sdp.forward([&] {
+      at::Tensor hidden = t.model[0]->as<torch::nn::Linear>()->forward(x);
+      hidden.register_hook([&](const at::Tensor&) { world->communicator().abort("the test cut the group off"); });
+      return t.model[2]->as<torch::nn::Linear>()->forward(hidden.tanh());
+    });
+    bool failed = false;
+    try {
+      out.pow(2).sum().backward();  // the abort comes after the last layer's gradients
+    } catch (const std::exception&) {
+      failed = true;
+    }
+    RANK_CHECK(failed, "the backward did not fail");
+    RANK_CHECK(t.sdp.group().communicator().failed(), "the group did not fail");
+    t.move_to(next);
+    RANK_CHECK(memory.restore(t.state, *next) == 1, "not the commit made");
+    RANK_CHECK_EQUAL(t.params(), want);
+    t.train(1);
+    at::Tensor after = t.params(), first = after.clone();
+    next->broadcast_(first, 0);
+    RANK_CHECK_EQUAL(after, first);
+  });
+}
+
 // Ranks 1 and 3 are partners (rank 1's shards are kept by 3 and the other way round): losing both
 // loses their shards, which every survivor says.
 TEST(MemoryCommits, LosingARankAndItsPartnerIsAnErrorNamingThem) {

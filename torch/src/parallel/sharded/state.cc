@@ -123,7 +123,10 @@ void ShardedState::arm() {
 }
 
 void ShardedState::regroup(std::shared_ptr<ProcessGroup> group) {
-  check_idle("elastic::run");
+  // A step the failure broke off leaves its state behind (a backward whose end never came stays
+  // Backward); it is dropped below. Only a backward still running here is a misuse.
+  if (in_backward()) throw InvalidArgument("elastic::run: called during a backward pass");
+  check_not_held("elastic::run");
   std::lock_guard<std::mutex> lock(mu_);
   hooks_.clear();
   ctx_.group = std::move(group);
@@ -281,6 +284,10 @@ void ShardedState::check_idle(const char* what) {
   if (busy())
     throw InvalidArgument(
         concat(what, ": a sharded module is in its forward or backward; call it before forward or after backward"));
+  check_not_held(what);
+}
+
+void ShardedState::check_not_held(const char* what) {
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& p : params_)
     if (p->held)

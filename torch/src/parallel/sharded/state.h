@@ -39,7 +39,9 @@ class ShardedState final : public DataParallelEngine,
   // Elastic recovery (Note [Elastic in process]): shards the same parameters over `group`, the
   // group that replaced this one's. The module's tensors and the shard tensors stay the same
   // objects (the optimizer's references hold), sized for the new group; their values are zero
-  // until a commit is loaded into them. Collective over `group`. InvalidArgument while busy or held.
+  // until a commit is loaded into them. A forward or backward that the old group's failure broke
+  // off is dropped with it. Collective over `group`. InvalidArgument inside a backward pass or
+  // while a GatheredParameters holds a parameter.
   void regroup(std::shared_ptr<ProcessGroup> group);
 
   // An operator is about to use parameter i (Note [Sharded parameters]): gathers its unit or throws.
@@ -99,6 +101,7 @@ class ShardedState final : public DataParallelEngine,
   void adopt(std::unique_ptr<ShardedParam> param);  // makes its tensor a sharded parameter of ours
   void arm();                                       // gradient hooks and the arena, once the params are in
   void check_idle(const char* what);                // InvalidArgument while busy or held
+  void check_not_held(const char* what);            // InvalidArgument while a GatheredParameters holds one
   bool agree_regrouping(bool mine);                 // Note [Joining a sharded job]: does any rank regroup?
 
   // Callers hold mu_.
