@@ -21,22 +21,27 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 
 echo "== torch 2.14 (a CUDA build, on the CPU): the Python package's tests and a C++ consumer"
 # The whole suite ran above on torch 2.13; here chorus builds against 2.14.1 from its own
-# environment, and the backend's tests, torch's suite at W=2, the package as pip builds and
-# installs it, and a find_package(chorus) consumer run on it.
+# environment, and the backend's tests, torch's suite at W=2 and a find_package(chorus) consumer
+# run on it. (The wheel as pip builds and installs it is tested on 2.13 above: the same build with
+# another torch pinned, and a second compile of everything here would cost CI five minutes.)
 "$root/scripts/install-deps.sh" --torch 2.14
 build214="$build-torch2.14"
 cmake -S "$root" -B "$build214" -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$root/.venv-2.14/bin/python" \
   -DCHORUS_BUILD_BENCH=OFF -DCHORUS_BUILD_EXAMPLES=OFF
 cmake --build "$build214" -j "$jobs" --target chorus_torch_ext chorusrun chorus_torch
 (cd "$build214" && ctest --output-on-failure -j "$jobs" --timeout 900 \
-  -R '^(python_(smoke|backend|collectives|fsdp2|pip_package)|torch_suite_w2|install_and_find_package)$')
+  -R '^(python_(smoke|backend|collectives|fsdp2)|torch_suite_w2|install_and_find_package)$')
 
 echo "== the core's tests, and two gloos in one process, under -fsanitize=address,undefined"
 sanitized="$build-sanitize"
+# -O1 and line tables only (CMakeLists.txt adds -g1): the reports keep their file:line, and the
+# build takes half the time of -O2 -g.
 cmake -S "$root" -B "$sanitized" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCHORUS_SANITIZE=address,undefined \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -DNDEBUG" -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -DNDEBUG" \
   -DCHORUS_BUILD_BENCH=OFF -DCHORUS_BUILD_EXAMPLES=OFF
 cmake --build "$sanitized" -j "$jobs" --target core_tests chorus_torch_ext
 export ASAN_OPTIONS="abort_on_error=0:detect_leaks=1" UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export LSAN_OPTIONS="suppressions=$root/tests/sanitizers/lsan.supp:print_suppressions=0"
 cd "$sanitized"
-ctest --output-on-failure -j "$jobs" --timeout 900 -L 'core|gloo'
+# Seven ranks on two cores run the code that three and four run, at twice the time: left out here.
+ctest --output-on-failure -j "$jobs" --timeout 900 -L 'core|gloo' -E 'W7'
