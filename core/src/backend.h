@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "call.h"
+#include "chorus/core/cross_options.h"
 #include "chorus/core/shm_options.h"
 #include "chorus/core/symmetric_memory.h"
 
@@ -44,6 +45,7 @@ struct BackendOptions {
     return rank >= 0 && size_t(rank) < rank_names.size() ? rank_names[size_t(rank)] : "rank " + std::to_string(rank);
   }
   ShmOptions shm;              // settled: CommunicatorOptions::shm or the settings
+  CrossOptions cross;          // settled: CommunicatorOptions::cross or the settings
   Clock::time_point deadline;  // for the rendezvous
 };
 

@@ -3,6 +3,7 @@
 #include <charconv>
 
 #include "chorus/core/error.h"
+#include "net/cost_model.h"
 
 extern char** environ;
 
@@ -55,6 +56,14 @@ Settings read_settings(const EnvMap& env) {
   if (auto v = env_int(env, "CHORUS_SHM_STREAM_SLOTS")) {
     if (*v != 0 && *v != 1) throw InvalidArgument("CHORUS_SHM_STREAM_SLOTS must be 0 or 1");
     s.shm.stream_slots = *v == 1;
+  }
+  if (auto it = env.find("CHORUS_CROSS_ALGORITHM"); it != env.end()) {
+    s.cross.algorithm = it->second;
+    net::parse_forced(it->second, "CHORUS_CROSS_ALGORITHM");  // names checked here
+  }
+  if (auto it = env.find("CHORUS_CROSS_COST"); it != env.end()) {
+    s.cross.cost = it->second;
+    net::parse_cost(it->second);
   }
   if (auto v = env_int(env, "CHORUS_LOG_LEVEL")) s.log_level = int(*v);
   if (auto v = env_int(env, "CHORUS_RECV_CACHE_MB")) {

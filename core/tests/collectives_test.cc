@@ -20,6 +20,7 @@ CommunicatorOptions options_for(const SweepConfig& config) {
   options.backend = config.backend;
   options.shm.chunk_bytes = config.chunk_bytes;
   options.shm.stream_slots = config.stream_slots;
+  options.cross.algorithm = config.cross_algorithm;
   options.timeout = std::chrono::seconds(120);
   return options;
 }
@@ -82,12 +83,29 @@ std::vector<SweepConfig> configs() {
     // The engines (Gloo's TCP on loopback, MPI under mpirun -np 4), whose algorithms change
     // with the message size (Gloo's ring splits large messages in segments of 1 MiB).
     for (int w : {1, 2, 3, 4}) out.push_back({backend, w, 0, {0, 1, 17, 4099, (1u << (18 - kLargeShift)) + 3}});
+    if (backend != "tcp") continue;
+    // chorus's own algorithms between hosts, each forced (Note [Algorithms between hosts]): on
+    // a power of two of ranks and off it (where recursive doubling and halving-doubling fold
+    // the extra ranks in), and at five ranks (counts that leave some ring chunks empty).
+    const std::pair<const char*, const char*> forced[] = {
+        {"doubling_direct_binomial", "recursive_doubling,reduce_scatter=direct,all_gather=direct,broadcast=binomial"},
+        {"ring_scatter_ring", "ring,broadcast=scatter_ring"},
+        {"halving_doubling", "halving_doubling,reduce_scatter=ring,all_gather=direct,broadcast=scatter_ring"}};
+    for (const auto& [label, algorithms] : forced)
+      for (int w : {3, 4, 5}) {
+        SweepConfig c{backend, w, 0, {0, 1, 3, 17, 4099, (1u << (18 - kLargeShift)) + 3}};
+        c.cross_algorithm = algorithms;
+        c.label = label;
+        out.push_back(c);
+      }
   }
   return out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Core, Sweep, ::testing::ValuesIn(configs()), [](const auto& info) {
-  if (info.param.backend != "shm") return detail::concat(info.param.backend, "_W", info.param.world);
+  if (info.param.backend != "shm")
+    return detail::concat(info.param.backend, "_W", info.param.world, info.param.label.empty() ? "" : "_",
+                          info.param.label);
   const auto& stream = info.param.stream_slots;
   return detail::concat("W", info.param.world, info.param.chunk_bytes ? "_small_chunks" : "_default_chunks",
                         info.param.one_core ? "_one_core" : "",

@@ -190,9 +190,9 @@ class StoreProcess {
 std::vector<std::string> test_backends() {
   if (mpi_job()) return {"mpi"};  // Note [Suites under mpirun]
 #if CHORUS_HAVE_GLOO
-  return {"shm", "gloo"};
+  return {"shm", "tcp", "gloo"};
 #else
-  return {"shm"};
+  return {"shm", "tcp"};
 #endif
 }
 

@@ -21,10 +21,13 @@ struct SweepConfig {
   std::vector<size_t> counts;
   bool one_core = false;             // every rank pinned to one CPU: each wait is on a rank that ran there
   std::optional<bool> stream_slots;  // CommunicatorOptions::shm.stream_slots
+  std::string cross_algorithm;       // CommunicatorOptions::cross.algorithm (tcp)
+  std::string label;                 // names the test where the fields above do not
 };
 inline void PrintTo(const SweepConfig& c, std::ostream* os) {
   *os << c.backend << " W" << c.world << " chunk " << c.chunk_bytes << (c.one_core ? " one core" : "")
-      << (c.stream_slots ? (*c.stream_slots ? " streamed slots" : " normal slots") : "");
+      << (c.stream_slots ? (*c.stream_slots ? " streamed slots" : " normal slots") : "")
+      << (c.cross_algorithm.empty() ? "" : " algorithms " + c.cross_algorithm);
 }
 
 inline std::string label(const char* op, DataType dt, size_t count, const char* extra = "") {

@@ -10,6 +10,11 @@ namespace chorus {
 const std::vector<BackendRow>& backend_table() {
   static const std::vector<BackendRow> rows = {
     {"shm", false, make_shm_backend},
+    {"tcp", true,
+     [](Store& store, int rank, int size, const BackendOptions& o) {
+       return make_engine_backend(make_tcp_engine(store, rank, size, o.cross, left_until(o.deadline)), store, rank,
+                                  size, o);
+     }},
 #if CHORUS_HAVE_GLOO
     {"gloo", true,
      [](Store& store, int rank, int size, const BackendOptions& o) {

@@ -52,6 +52,7 @@ std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store,
     throw InvalidArgument(detail::concat("Communicator::create: rank ", rank, " is not in [0, ", size, ")"));
   if (settings().timeout) options.timeout = *settings().timeout;
   options.shm = options.shm.or_else(settings().shm);
+  options.cross = options.cross.or_else(settings().cross);
   const bool automatic = options.backend == "auto" && settings().backend == "auto";
   auto comm = std::shared_ptr<Communicator>(new Communicator(std::move(store), rank, size, std::move(options)));
   if (automatic && comm->host_count() > 1)
@@ -117,6 +118,7 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
   bo.group_name = options_.name;
   bo.rank_names = rank_names_;
   bo.shm = options_.shm;
+  bo.cross = options_.cross;
   bo.deadline = deadline;
   backend_ = choose_backend(backend, elsewhere, options_.name).make(*store_, rank_, size_, bo);
   if (settings().log_level >= 1 && rank_ == 0)

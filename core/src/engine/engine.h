@@ -77,6 +77,10 @@ class Engine {
 std::unique_ptr<Backend> make_engine_backend(std::unique_ptr<Engine> engine, Store& store, int rank, int size,
                                              const BackendOptions& options);
 
+// chorus's own TCP (Note [chorus's own TCP]): a full mesh connected through `store`, with the
+// algorithms of Note [Algorithms between hosts] chosen by `cross` and the cost model.
+std::unique_ptr<Engine> make_tcp_engine(Store& store, int rank, int size, const CrossOptions& cross, Millis left);
+
 #if CHORUS_HAVE_GLOO
 // Gloo over TCP: a full mesh connected through `store`. Listens on the address that routes to
 // MASTER_ADDR (127.0.0.1 without it), or on the interface GLOO_SOCKET_IFNAME names.

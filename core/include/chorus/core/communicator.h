@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "chorus/core/cross_options.h"
 #include "chorus/core/dtype.h"
 #include "chorus/core/shm_options.h"
 #include "chorus/core/store.h"
@@ -53,6 +54,7 @@ struct CommunicatorOptions {
   std::chrono::milliseconds timeout = std::chrono::minutes(30);  // default deadline of each call
   std::string name = "world";                                    // appears in every message about this group
   ShmOptions shm;                                                // the shared-memory engine's tuning
+  CrossOptions cross;                                            // the tcp engine's, between hosts
 };
 
 using Timeout = std::optional<std::chrono::milliseconds>;

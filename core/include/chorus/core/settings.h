@@ -2,7 +2,12 @@
 //
 //   CHORUS_TIMEOUT_MS          default deadline of every blocking call (overrides the group's)
 //   CHORUS_STORE_TIMEOUT_MS    default deadline of TcpStore connects and requests (default 300000)
-//   CHORUS_BACKEND             backend when the caller says "auto": auto | shm | gloo
+//   CHORUS_BACKEND             backend when the caller says "auto": auto | shm | tcp | gloo
+//   CHORUS_CROSS_ALGORITHM     the tcp backend's algorithm between hosts, for every collective
+//                              ("ring") or per collective ("all_reduce=ring,broadcast=binomial");
+//                              unset: chosen by the cost model (cross_options.h)
+//   CHORUS_CROSS_COST          the cost model's network terms ("alpha_us=30,gbps=10,fold_gbps=40,
+//                              o_us=2"); unset: measured when each group is made
 //   CHORUS_SHM_CHUNK_BYTES     size of each rank's shared-memory slot (default 524288; rank 0's
 //                              value holds for the whole group); small
 //                              values force the multi-chunk paths
@@ -26,6 +31,7 @@
 #include <optional>
 #include <string>
 
+#include "chorus/core/cross_options.h"
 #include "chorus/core/shm_options.h"
 
 namespace chorus {
@@ -44,6 +50,8 @@ struct Settings {
   // [Streaming into the slots]).
   ShmOptions shm{.chunk_bytes = 512 * 1024};
   std::optional<int> shm_spin_us;
+  // CHORUS_CROSS_ALGORITHM, CHORUS_CROSS_COST (Note [Choosing an algorithm between hosts]).
+  CrossOptions cross;
   int log_level = 0;
   size_t recv_cache_bytes = size_t(512) << 20;
 };
