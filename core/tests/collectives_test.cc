@@ -90,6 +90,7 @@ std::vector<SweepConfig> configs() {
     const std::pair<const char*, const char*> forced[] = {
         {"doubling_direct_binomial", "recursive_doubling,reduce_scatter=direct,all_gather=direct,broadcast=binomial"},
         {"ring_scatter_ring", "ring,broadcast=scatter_ring"},
+        {"ring_chain", "ring,broadcast=chain"},
         {"halving_doubling", "halving_doubling,reduce_scatter=ring,all_gather=direct,broadcast=scatter_ring"}};
     for (const auto& [label, algorithms] : forced)
       for (int w : {3, 4, 5}) {

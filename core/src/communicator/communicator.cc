@@ -179,7 +179,7 @@ void Communicator::run(Call& call, Timeout timeout) {
   if (point_to_point(call.kind)) return order_->in_turn(order_->take_tickets(call), [&] { execute(call, timeout); });
   order_->drain();
   std::lock_guard<std::mutex> lock(call_mu_);
-  if (hierarchy_ && hierarchy_->serves(call)) return hierarchy_->all_reduce(call, timeout);
+  if (hierarchy_ && hierarchy_->serves(call)) return hierarchy_->run(call, timeout);
   execute(call, timeout);
 }
 
@@ -368,7 +368,7 @@ std::shared_ptr<Communicator> Communicator::split(const std::vector<int>& ranks,
 }
 
 std::shared_ptr<Communicator> Communicator::split_as(const std::vector<int>& ranks, const std::string& backend,
-                                                     Timeout timeout) {
+                                                     Timeout timeout, const std::optional<CrossOptions>& cross) {
   Call c{.kind = OpKind::Split, .count = ranks.size(), .counts = {ranks.begin(), ranks.end()}};
   run(c, timeout);
   const int generation = ++splits_;
@@ -378,6 +378,7 @@ std::shared_ptr<Communicator> Communicator::split_as(const std::vector<int>& ran
     CommunicatorOptions child = options_;
     child.name = detail::concat(options_.name, "/", generation);
     child.backend = backend;
+    if (cross) child.cross = *cross;
     made = create(store_, int(it - ranks.begin()), int(ranks.size()), child);
   }
   barrier(timeout);  // the members are done with the store

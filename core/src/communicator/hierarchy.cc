@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 
 #include "call_compare.h"
 #include "chorus/core/error.h"
@@ -31,12 +32,21 @@ std::unique_ptr<Hierarchy> Hierarchy::build(Communicator& group, const std::vect
     return nullptr;
   }
   std::unique_ptr<Hierarchy> h(new Hierarchy(group));
+  for (size_t host = 0; host < members.size(); ++host)
+    for (size_t i = 0; i < per_host; ++i)
+      if (members[host][i] == group.rank()) h->host_ = int(host), h->local_ = int(i);
+  h->hosts_ = members;
   for (const auto& m : members)
     if (auto made = group.split_as(m, "shm", {})) h->node_ = made, h->node_ranks_ = m;
+  // The slices take the group's network terms (rank 0's measurement, Note [Choosing an algorithm
+  // between hosts]), so that they all choose alike.
+  CrossOptions cross = group.options_.cross;
+  if (cross.cost.empty() && group.store_->check({"tcp/cost"})) cross.cost = group.store_->get("tcp/cost");
   for (size_t i = 0; i < per_host; ++i) {
     std::vector<int> same_slice;
     for (const auto& m : members) same_slice.push_back(m[i]);
-    if (auto made = group.split_as(same_slice, cross_backend, {})) h->cross_ = made, h->cross_ranks_ = same_slice;
+    if (auto made = group.split_as(same_slice, cross_backend, {}, cross))
+      h->cross_ = made, h->cross_ranks_ = same_slice;
   }
   if (group.rank() == 0)
     std::fprintf(stderr, "[chorus] group '%s': %d ranks on %zu hosts: %s; other collectives on %s\n",
@@ -77,25 +87,58 @@ void Hierarchy::step(const Call& c, const Communicator& sub, const std::vector<i
   if (group_.failed_) std::rethrow_exception(group_.failed_);
 }
 
-void Hierarchy::all_reduce(Call& c, Timeout timeout) {
+bool Hierarchy::serves(const Call& c) const {
+  if (!c.invalid.empty()) return false;
+  switch (c.kind) {
+    case OpKind::Barrier:
+    case OpKind::AllReduce:
+    case OpKind::Broadcast:
+    case OpKind::ReduceScatter: return true;
+    case OpKind::AllGather: return c.outs.empty();
+    default: return false;
+  }
+}
+
+void Hierarchy::run(Call& c, Timeout timeout) {
   Call compare = c;
   compare.compare_only = true;
   group_.execute(compare, timeout);
-  const auto deadline = Clock::now() + timeout.value_or(group_.timeout());
-  auto left = [&] { return left_until(deadline); };
+  deadline_ = Clock::now() + timeout.value_or(group_.timeout());
+  switch (c.kind) {
+    case OpKind::AllReduce: return all_reduce(c);
+    case OpKind::Broadcast: return broadcast(c);
+    case OpKind::AllGather: return all_gather(c);
+    case OpKind::ReduceScatter: return reduce_scatter(c);
+    default:
+      in_host(c, [&] { node_->barrier(left()); });
+      across(c, [&] {
+        Call between{.kind = OpKind::Barrier};
+        between.compared = true;  // compared above: skip the backend's own round
+        cross_->run(between, left());
+      });
+  }
+}
+
+void Hierarchy::all_reduce(Call& c) {
+  const size_t es = element_size(c.dtype), L = size_t(node_->size());
+  auto between = [&](const void* in, void* out, size_t count) {
+    Call call{.kind = OpKind::AllReduce, .dtype = c.dtype, .op = c.op, .count = count, .in = in, .out = out};
+    call.compared = true;
+    cross_->run(call, left());
+  };
+  if (c.count * es < kHierarchyMinBytes || c.count < L) {
+    in_host(c, [&] { node_->all_reduce(c.in, c.out, c.count, c.dtype, c.op, left()); });
+    across(c, [&] { between(c.out, c.out, c.count); });
+    return;
+  }
   // Each local rank's slice; the last count % L elements (fewer than L) go flat afterwards, so
   // that the steps read the input and write the output in place, without staging copies.
-  const size_t es = element_size(c.dtype), L = size_t(node_->size());
   const size_t part = c.count / L, tail = c.count - part * L;
   slice_.resize(part * es);
   uint8_t* slice = slice_.data();
-  step(c, *node_, node_ranks_, [&] { node_->reduce_scatter(c.in, slice, part, c.dtype, c.op, left()); });
-  step(c, *cross_, cross_ranks_, [&] {  // compared above: skip the backend's own round
-    Call across{.kind = OpKind::AllReduce, .dtype = c.dtype, .op = c.op, .count = part, .in = slice, .out = slice};
-    across.compared = true;
-    cross_->run(across, left());
-  });
-  step(c, *node_, node_ranks_, [&] { node_->all_gather(slice, c.out, part, c.dtype, left()); });
+  in_host(c, [&] { node_->reduce_scatter(c.in, slice, part, c.dtype, c.op, left()); });
+  across(c, [&] { between(slice, slice, part); });
+  in_host(c, [&] { node_->all_gather(slice, c.out, part, c.dtype, left()); });
   if (tail) {
     Call rest = c;
     rest.count = tail;
@@ -103,6 +146,72 @@ void Hierarchy::all_reduce(Call& c, Timeout timeout) {
     rest.out = static_cast<uint8_t*>(c.out) + part * L * es;
     group_.execute(rest, Timeout(left()));
   }
+}
+
+void Hierarchy::broadcast(Call& c) {
+  const size_t es = element_size(c.dtype), L = size_t(node_->size());
+  auto* buf = static_cast<uint8_t*>(c.out);
+  const int root_host = [&] {
+    for (size_t h = 0; h < hosts_.size(); ++h)
+      if (std::find(hosts_[h].begin(), hosts_[h].end(), c.root) != hosts_[h].end()) return int(h);
+    return 0;
+  }();
+  const int root_local = int(std::find(hosts_[size_t(root_host)].begin(), hosts_[size_t(root_host)].end(), c.root) -
+                             hosts_[size_t(root_host)].begin());
+  auto between = [&](uint8_t* at, size_t count) {
+    Call call{.kind = OpKind::Broadcast, .dtype = c.dtype, .root = root_host, .count = count, .out = at};
+    call.compared = true;
+    cross_->run(call, left());
+  };
+  if (c.count * es < kHierarchyMinBytes || c.count < L) {  // the root's slice, then every host
+    if (local_ == root_local) across(c, [&] { between(buf, c.count); });
+    in_host(c, [&] { node_->broadcast(buf, c.count, c.dtype, root_local, left()); });
+    return;
+  }
+  // The root's host has it all; slice i carries part i to the other hosts, which gather the parts.
+  std::vector<size_t> counts(L);
+  for (size_t i = 0; i < L; ++i) counts[i] = c.count * (i + 1) / L - c.count * i / L;
+  const size_t mine = c.count * size_t(local_) / L;
+  if (host_ == root_host) in_host(c, [&] { node_->broadcast(buf, c.count, c.dtype, root_local, left()); });
+  across(c, [&] { between(buf + mine * es, counts[size_t(local_)]); });
+  if (host_ == root_host) return;
+  staged_.assign(buf + mine * es, buf + (mine + counts[size_t(local_)]) * es);
+  in_host(c, [&] { node_->all_gather_v(staged_.data(), buf, counts, c.dtype, left()); });
+}
+
+void Hierarchy::all_gather(Call& c) {
+  const size_t b = c.count * element_size(c.dtype), H = hosts_.size(), L = size_t(node_->size());
+  gathered_.resize(H * b);  // the blocks of this rank's slice, host by host
+  across(c, [&] {
+    Call call{.kind = OpKind::AllGather, .dtype = c.dtype, .count = c.count, .in = c.in, .out = gathered_.data()};
+    call.compared = true;
+    cross_->run(call, left());
+  });
+  staged_.resize(L * H * b);  // every slice's, slice by slice
+  in_host(c, [&] { node_->all_gather(gathered_.data(), staged_.data(), H * c.count, c.dtype, left()); });
+  auto* out = static_cast<uint8_t*>(c.out);
+  for (size_t i = 0; i < L; ++i)
+    for (size_t h = 0; h < H; ++h) std::memcpy(out + size_t(hosts_[h][i]) * b, staged_.data() + (i * H + h) * b, b);
+}
+
+void Hierarchy::reduce_scatter(Call& c) {
+  const size_t b = c.count * element_size(c.dtype), H = hosts_.size(), L = size_t(node_->size());
+  const auto* in = static_cast<const uint8_t*>(c.in);
+  staged_.resize(L * H * b);  // the blocks in slice order: slice i's blocks, host by host
+  for (size_t i = 0; i < L; ++i)
+    for (size_t h = 0; h < H; ++h) std::memcpy(staged_.data() + (i * H + h) * b, in + size_t(hosts_[h][i]) * b, b);
+  gathered_.resize(H * b);  // this host's sum of this rank's slice's blocks
+  in_host(c, [&] { node_->reduce_scatter(staged_.data(), gathered_.data(), H * c.count, c.dtype, c.op, left()); });
+  across(c, [&] {
+    Call call{.kind = OpKind::ReduceScatter,
+              .dtype = c.dtype,
+              .op = c.op,
+              .count = c.count,
+              .in = gathered_.data(),
+              .out = c.out};
+    call.compared = true;
+    cross_->run(call, left());
+  });
 }
 
 }  // namespace chorus

@@ -75,6 +75,8 @@ class TcpEngine : public Engine {
   TcpEngine(Store& store, int rank, int size, const CrossOptions& cross, Millis left)
       : mesh_(store, rank, size, Clock::now() + left), forced_(net::parse_forced(cross.algorithm, "the algorithm")) {
     cost_ = cross.cost.empty() ? measure(Clock::now() + left) : net::parse_cost(cross.cost);
+    // For the groups made from this one (Note [Hierarchy]: the slices between hosts choose alike).
+    if (rank == 0) store.set("tcp/cost", net::cost_setting(cost_));
   }
 
   std::string name() const override { return "tcp"; }
@@ -98,7 +100,7 @@ class TcpEngine : public Engine {
   }
   void broadcast(void* buf, size_t bytes, int root, Millis left) override {
     MeshLinks l(mesh_, buf, buf, tmp_, Clock::now() + left);
-    net::broadcast(l, bytes, root, pick(OpKind::Broadcast, bytes));
+    net::broadcast(l, bytes, root, pick(OpKind::Broadcast, bytes), net::chain_segments(bytes, mesh_.size(), cost_));
   }
   void all_gather(const void* in, void* out, size_t bytes, Millis left) override {
     MeshLinks l(mesh_, in, out, tmp_, Clock::now() + left);

@@ -186,6 +186,24 @@ void broadcast_scatter_ring(Links& l, size_t bytes, int root) {
   }
 }
 
+// Each rank passes segment k on while segment k+1 arrives: P - 2 + S steps of one segment.
+void broadcast_chain(Links& l, size_t bytes, int root, size_t segments) {
+  const int p = l.size(), v = (l.rank() - root + p) % p;
+  const int next = v + 1 < p ? (l.rank() + 1) % p : -1, prev = v > 0 ? (l.rank() + p - 1) % p : -1;
+  const size_t s = std::clamp<size_t>(segments, 1, std::max<size_t>(bytes, 1));
+  auto piece = [&](size_t k) {
+    return out(edge(bytes, int(s), int(k)), edge(bytes, int(s), int(k) + 1) - edge(bytes, int(s), int(k)));
+  };
+  // Step t: segment t arrives from prev (if any left), segment t - 1 goes to next.
+  for (size_t t = 0; t < s + 1; ++t) {
+    std::vector<Move> moves;
+    if (prev >= 0 && t < s) moves.push_back(recv(prev, piece(t)));
+    if (next >= 0 && t >= (prev >= 0 ? 1 : 0) && t - (prev >= 0 ? 1 : 0) < s)
+      moves.push_back(send(next, piece(t - (prev >= 0 ? 1 : 0))));
+    if (!moves.empty()) l.exchange(moves);
+  }
+}
+
 }  // namespace
 
 const char* algorithm_name(Algorithm a) {
@@ -196,13 +214,14 @@ const char* algorithm_name(Algorithm a) {
     case Algorithm::Direct: return "direct";
     case Algorithm::Binomial: return "binomial";
     case Algorithm::ScatterRing: return "scatter_ring";
+    case Algorithm::Chain: return "chain";
   }
   return "?";
 }
 
 bool parse_algorithm(const std::string& name, Algorithm* out) {
   for (auto a : {Algorithm::RecursiveDoubling, Algorithm::Ring, Algorithm::HalvingDoubling, Algorithm::Direct,
-                 Algorithm::Binomial, Algorithm::ScatterRing})
+                 Algorithm::Binomial, Algorithm::ScatterRing, Algorithm::Chain})
     if (name == algorithm_name(a)) return *out = a, true;
   return false;
 }
@@ -225,8 +244,9 @@ void all_gather(Links& l, size_t bytes, Algorithm a) {
   all_gather_ring(l, bytes);
 }
 
-void broadcast(Links& l, size_t bytes, int root, Algorithm a) {
+void broadcast(Links& l, size_t bytes, int root, Algorithm a, size_t segments) {
   if (l.size() == 1) return;
+  if (a == Algorithm::Chain) return broadcast_chain(l, bytes, root, segments);
   if (a == Algorithm::ScatterRing && bytes >= size_t(l.size())) return broadcast_scatter_ring(l, bytes, root);
   broadcast_binomial(l, bytes, root);
 }

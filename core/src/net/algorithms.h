@@ -56,6 +56,7 @@ enum class Algorithm : uint8_t {
   Direct,             // reduce_scatter, all_gather: every pair at once, one step
   Binomial,           // broadcast: a binomial tree from the root
   ScatterRing,        // broadcast: the root scatters P blocks, then a ring all_gather of them
+  Chain,              // broadcast: segments flow down the chain root, root+1, ..., pipelined
 };
 const char* algorithm_name(Algorithm a);
 // "ring" -> Ring, ...; false for an unknown name.
@@ -67,8 +68,8 @@ void all_reduce(Links& l, size_t count, size_t elem, Algorithm a);
 void reduce_scatter(Links& l, size_t count, size_t elem, Algorithm a);
 // In: this rank's block of `bytes`; Out: P blocks, rank order.
 void all_gather(Links& l, size_t bytes, Algorithm a);
-// Out on every rank; the root's Out holds the data at the start.
-void broadcast(Links& l, size_t bytes, int root, Algorithm a);
+// Out on every rank; the root's Out holds the data at the start. Chain sends `segments` pieces.
+void broadcast(Links& l, size_t bytes, int root, Algorithm a, size_t segments = 1);
 // Out on root: the reduction of every rank's In (binomial tree).
 void reduce(Links& l, size_t count, size_t elem, int root);
 // Dissemination: ceil(log2 P) rounds of empty messages.

@@ -60,7 +60,7 @@ std::map<std::string, std::string> parse_forced(const std::string& text, const s
     if (!parse_algorithm(name, &a))
       throw InvalidArgument(detail::concat(what, ": unknown algorithm '", name,
                                            "' (recursive_doubling, ring, halving_doubling, direct, binomial, "
-                                           "scatter_ring)"));
+                                           "scatter_ring, chain)"));
     bool fits = op == "*";
     for (OpKind k : ops)
       if (op == to_string(k)) {
@@ -85,12 +85,19 @@ std::string describe_cost(const NetCost& c) {
   return text;
 }
 
+std::string cost_setting(const NetCost& c) {
+  char text[200];
+  std::snprintf(text, sizeof text, "alpha_us=%.6g,gbps=%.6g,fold_gbps=%.6g,o_us=%.6g", c.alpha * 1e6,
+                8.0 / c.beta / 1e9, 8.0 / c.gamma / 1e9, c.o * 1e6);
+  return text;
+}
+
 std::vector<Algorithm> candidates(OpKind op) {
   switch (op) {
     case OpKind::AllReduce: return {Algorithm::RecursiveDoubling, Algorithm::HalvingDoubling, Algorithm::Ring};
     case OpKind::ReduceScatter: return {Algorithm::Direct, Algorithm::Ring};
     case OpKind::AllGather: return {Algorithm::Direct, Algorithm::Ring};
-    case OpKind::Broadcast: return {Algorithm::Binomial, Algorithm::ScatterRing};
+    case OpKind::Broadcast: return {Algorithm::Binomial, Algorithm::ScatterRing, Algorithm::Chain};
     default: return {};
   }
 }
@@ -115,11 +122,22 @@ double predict(OpKind op, Algorithm a, size_t bytes, int p, const NetCost& c) {
       if (a == Algorithm::Direct) return c.alpha + 2 * (P - 1) * c.o + (P - 1) * n * c.beta;
       return (P - 1) * (step + n * c.beta);
     case OpKind::Broadcast:
+      if (a == Algorithm::Chain) {
+        const double s = double(chain_segments(bytes, p, c));
+        return (P - 2 + s) * (step + n / s * c.beta);
+      }
       if (a == Algorithm::ScatterRing)
         return c.alpha + (P - 1) * c.o + (P - 1) / P * n * c.beta + (P - 1) * (step + n / P * c.beta);
       return log2_ceil(p) * (step + n * c.beta);  // the root's children share its link, round by round
     default: return 0;
   }
+}
+
+size_t chain_segments(size_t bytes, int p, const NetCost& c) {
+  if (p <= 2) return 1;
+  const double best = std::sqrt(double(p - 2) * double(bytes) * c.beta / (c.alpha + 2 * c.o));
+  const double most = std::max(1.0, double(bytes) / double(16 << 10));
+  return size_t(std::clamp(std::round(best), 1.0, most));
 }
 
 Algorithm choose(OpKind op, size_t bytes, int p, const NetCost& c, const std::map<std::string, std::string>& forced) {

@@ -32,6 +32,9 @@ struct NetCost {
 // InvalidArgument naming what it cannot read.
 NetCost parse_cost(const std::string& text);
 std::string describe_cost(const NetCost& c);
+// The terms as parse_cost reads them back (what a group passes to the groups it makes between
+// hosts, so that they all choose alike).
+std::string cost_setting(const NetCost& c);
 
 // CrossOptions::algorithm as a map: "ring" -> {"*": "ring"}; "all_reduce=ring,..." per op. Throws
 // InvalidArgument naming `what` (the setting) and the unknown op or algorithm.
@@ -42,6 +45,9 @@ std::vector<Algorithm> candidates(OpKind op);
 // Predicted seconds of `op` with `a` on p ranks; `bytes` is each rank's message (all_reduce's
 // and broadcast's buffer, reduce_scatter's output block, all_gather's input block).
 double predict(OpKind op, Algorithm a, size_t bytes, int p, const NetCost& c);
+// How many segments a chain broadcast of `bytes` over p ranks cuts them into: the count that
+// minimizes (P - 2 + S)(alpha + 2 o + bytes / S beta), at least 16 KiB each.
+size_t chain_segments(size_t bytes, int p, const NetCost& c);
 // The candidate with the smallest prediction, unless `forced` names one for this op ("ring" for
 // every op that has it, or per op: {"all_reduce": "ring"}).
 Algorithm choose(OpKind op, size_t bytes, int p, const NetCost& c, const std::map<std::string, std::string>& forced);

@@ -194,7 +194,9 @@ class Communicator {
   void execute_with(Call& call, Timeout timeout, Body&& body);  // body instead of the backend's run()
   // Marks the communicator failed after an error that leaves the group unusable.
   void fail(const std::exception_ptr& error);
-  std::shared_ptr<Communicator> split_as(const std::vector<int>& ranks, const std::string& backend, Timeout timeout);
+  // `cross`: the subgroup's CrossOptions (default: this group's).
+  std::shared_ptr<Communicator> split_as(const std::vector<int>& ranks, const std::string& backend, Timeout timeout,
+                                         const std::optional<CrossOptions>& cross = std::nullopt);
 
   std::shared_ptr<Store> store_;
   int rank_, size_;

@@ -12,7 +12,7 @@ struct CrossOptions {
   // The algorithm of each collective between hosts. Empty: the cost model picks by size and rank
   // count. One name for every collective that has it ("ring"), or per collective
   // ("all_reduce=halving_doubling,broadcast=binomial"). Names: recursive_doubling, ring,
-  // halving_doubling, direct, binomial, scatter_ring.
+  // halving_doubling, direct, binomial, scatter_ring, chain.
   std::string algorithm;
   // The network terms of the cost model. Empty: measured when the group is made. Otherwise
   // "alpha_us=30,gbps=10,fold_gbps=40,o_us=2", any subset.
