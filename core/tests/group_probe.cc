@@ -3,28 +3,133 @@
 // CHORUS_BACKEND, "auto" by default), prints which path the group took, and runs the whole
 // collective sweep (large enough messages take the hierarchical all_reduce). With --hang it
 // instead loops on all_reduce until a peer fails and prints the error it got; --kill-rank R
-// makes rank R kill itself with SIGKILL 300 ms into that loop.
+// makes rank R kill itself with SIGKILL 300 ms into that loop. With --algorithms it runs the
+// sweep once per forced set of algorithms between hosts (Note [Algorithms between hosts]), and
+// checks that every rank ends with the same bits (float sums of random data included) and that
+// the results that do not depend on the order of a reduction are the same under every set.
 #include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <thread>
 
 #include "chorus/core/environment.h"
 #include "chorus/core/rendezvous.h"
 #include "sweep.h"
 
+namespace {
+
+using namespace chorus;
+
+uint64_t digest(const void* data, size_t bytes) {
+  uint64_t h = 1469598103934665603ULL;
+  for (size_t i = 0; i < bytes; ++i) h = (h ^ static_cast<const uint8_t*>(data)[i]) * 1099511628211ULL;
+  return h;
+}
+
+// Throws unless every rank of `comm` has the same digest.
+void same_on_every_rank(Communicator& comm, uint64_t mine, const std::string& what) {
+  std::vector<uint64_t> all(size_t(comm.size()));
+  comm.all_gather(&mine, all.data(), 1, DataType::Int64);
+  for (int r = 0; r < comm.size(); ++r)
+    if (all[size_t(r)] != all[0])
+      throw std::runtime_error(detail::concat(what, ": rank ", r, "'s result differs from rank 0's"));
+}
+
+// Random data (the same for a rank under every set), through every collective: the results
+// every rank gets must be bit-identical on every rank. Returns the digests of the results that
+// do not depend on the order of a reduction (integer sums, max, broadcast, all_gather), keyed
+// by name, and of the float sums (which may differ between algorithms).
+std::vector<std::pair<std::string, uint64_t>> identical_results(Communicator& comm) {
+  std::vector<std::pair<std::string, uint64_t>> out;
+  for (size_t n : {size_t(1000), size_t(70001)}) {
+    std::mt19937 gen(uint32_t(comm.rank() * 7919 + n));
+    std::uniform_real_distribution<float> real(-1.0f, 1.0f);
+    std::vector<float> f(n * size_t(comm.size())), fr(n * size_t(comm.size()));
+    std::vector<int32_t> k(n * size_t(comm.size())), kr(n * size_t(comm.size()));
+    for (auto& x : f) x = real(gen);
+    for (auto& x : k) x = int32_t(gen() % 100000) - 50000;
+    const std::string size = detail::concat(" x ", n);
+    comm.all_reduce(f.data(), fr.data(), n, DataType::Float32, ReduceOp::Sum);
+    same_on_every_rank(comm, digest(fr.data(), n * 4), "all_reduce(f32 sum)" + size);
+    out.emplace_back("float all_reduce" + size, digest(fr.data(), n * 4));
+    comm.all_reduce(f.data(), fr.data(), n, DataType::Float32, ReduceOp::Max);
+    same_on_every_rank(comm, digest(fr.data(), n * 4), "all_reduce(f32 max)" + size);
+    out.emplace_back("all_reduce max" + size, digest(fr.data(), n * 4));
+    comm.all_reduce(k.data(), kr.data(), n, DataType::Int32, ReduceOp::Sum);
+    same_on_every_rank(comm, digest(kr.data(), n * 4), "all_reduce(i32 sum)" + size);
+    out.emplace_back("all_reduce i32" + size, digest(kr.data(), n * 4));
+    fr.assign(f.begin(), f.begin() + long(n));
+    comm.broadcast(fr.data(), n, DataType::Float32, comm.size() - 1);
+    same_on_every_rank(comm, digest(fr.data(), n * 4), "broadcast" + size);
+    out.emplace_back("broadcast" + size, digest(fr.data(), n * 4));
+    comm.all_gather(f.data(), fr.data(), n, DataType::Float32);
+    same_on_every_rank(comm, digest(fr.data(), fr.size() * 4), "all_gather" + size);
+    out.emplace_back("all_gather" + size, digest(fr.data(), fr.size() * 4));
+    comm.reduce_scatter(k.data(), kr.data(), n, DataType::Int32, ReduceOp::Sum);  // each rank its own block:
+    out.emplace_back("reduce_scatter i32" + size, digest(kr.data(), n * 4));      // compared between sets
+    comm.reduce_scatter(f.data(), fr.data(), n, DataType::Float32, ReduceOp::Sum);
+    out.emplace_back("float reduce_scatter" + size, digest(fr.data(), n * 4));
+  }
+  return out;
+}
+
+// Every forced set of algorithms, and the cost model's own choice.
+int algorithms(const std::shared_ptr<Store>& store, int rank, int size) {
+  const std::pair<const char*, const char*> sets[] = {
+      {"auto", ""},
+      {"doubling_direct_binomial", "recursive_doubling,reduce_scatter=direct,all_gather=direct,broadcast=binomial"},
+      {"ring_scatter_ring", "ring,broadcast=scatter_ring"},
+      {"ring_chain", "ring,broadcast=chain"},
+      {"halving_doubling", "halving_doubling,reduce_scatter=ring,all_gather=direct,broadcast=scatter_ring"}};
+  std::vector<std::pair<std::string, uint64_t>> first;
+  std::string differ;
+  for (const auto& [label, set] : sets) {
+    CommunicatorOptions options;
+    options.timeout = std::chrono::seconds(120);
+    options.name = detail::concat("algorithms-", label);
+    options.cross.algorithm = set;
+    auto comm = Communicator::create(store, rank, size, options);
+    try {
+      test::sweep(*comm, {comm->backend_name(), comm->size(), 0, {1, 4099, 70001}});
+      auto got = identical_results(*comm);
+      if (first.empty()) first = got;
+      for (size_t i = 0; i < got.size(); ++i) {
+        const bool float_sum = got[i].first.rfind("float", 0) == 0;
+        // Integer sums and max are exact: the same under every set, on each rank.
+        if (!float_sum && got[i].second != first[i].second)
+          throw std::runtime_error(detail::concat(got[i].first, " differs from the first set's"));
+        if (float_sum && got[i].second != first[i].second)
+          differ += detail::concat(differ.empty() ? "" : ", ", got[i].first, " (", label, ")");
+      }
+    } catch (const std::exception& e) {
+      std::printf("rank %d: FAILED under %s: %s\n", rank, label, e.what());
+      return 1;
+    }
+    std::printf("rank %d: %s: every collective correct and identical on every rank\n", rank, label);
+    std::fflush(stdout);
+  }
+  if (rank == 0)
+    std::printf("float sums that differ from the cost model's choice in their last bits: %s\n",
+                differ.empty() ? "none" : differ.c_str());
+  return 0;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  using namespace chorus;
-  bool hang = false;
+  bool hang = false, algorithm_sets = false;
   int kill_rank = -1;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--hang") == 0) hang = true;
+    if (std::strcmp(argv[i], "--algorithms") == 0) algorithm_sets = true;
     if (std::strcmp(argv[i], "--kill-rank") == 0 && i + 1 < argc) kill_rank = std::atoi(argv[++i]);
   }
   const auto env = Environment::detect();
+  if (algorithm_sets) return algorithms(connect_store(env), env.rank, env.world_size);
   CommunicatorOptions options;
   options.timeout = std::chrono::seconds(120);
   auto comm = Communicator::create(connect_store(env), env.rank, env.world_size, options);
