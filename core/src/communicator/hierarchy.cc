@@ -180,18 +180,34 @@ void Hierarchy::broadcast(Call& c) {
 }
 
 void Hierarchy::all_gather(Call& c) {
+  // Slice i carries block i of every host between the hosts, straight into place in the output;
+  // then, host by host, the ranks of each host share what their slices brought, again into place.
+  // Small: the slices' blocks go through one call in each host and are put in order after it.
   const size_t b = c.count * element_size(c.dtype), H = hosts_.size(), L = size_t(node_->size());
-  gathered_.resize(H * b);  // the blocks of this rank's slice, host by host
+  auto* out = static_cast<uint8_t*>(c.out);
+  auto place = [&](int rank) -> void* { return out + size_t(rank) * b; };
+  std::vector<void*> slice;
+  const bool small = b * H * L < kHierarchyMinBytes;
+  if (small) gathered_.resize(H * b);
+  for (size_t h = 0; h < H; ++h) slice.push_back(small ? gathered_.data() + h * b : place(hosts_[h][size_t(local_)]));
   across(c, [&] {
-    Call call{.kind = OpKind::AllGather, .dtype = c.dtype, .count = c.count, .in = c.in, .out = gathered_.data()};
+    Call call{.kind = OpKind::AllGather, .dtype = c.dtype, .count = c.count, .in = c.in};
+    call.outs = slice;
     call.compared = true;
     cross_->run(call, left());
   });
-  staged_.resize(L * H * b);  // every slice's, slice by slice
-  in_host(c, [&] { node_->all_gather(gathered_.data(), staged_.data(), H * c.count, c.dtype, left()); });
-  auto* out = static_cast<uint8_t*>(c.out);
-  for (size_t i = 0; i < L; ++i)
-    for (size_t h = 0; h < H; ++h) std::memcpy(out + size_t(hosts_[h][i]) * b, staged_.data() + (i * H + h) * b, b);
+  if (small) {
+    staged_.resize(L * H * b);  // every slice's, slice by slice
+    in_host(c, [&] { node_->all_gather(gathered_.data(), staged_.data(), H * c.count, c.dtype, left()); });
+    for (size_t i = 0; i < L; ++i)
+      for (size_t h = 0; h < H; ++h) std::memcpy(place(hosts_[h][i]), staged_.data() + (i * H + h) * b, b);
+    return;
+  }
+  std::vector<void*> here(L);
+  for (size_t h = 0; h < H; ++h) {
+    for (size_t j = 0; j < L; ++j) here[j] = place(hosts_[h][j]);
+    in_host(c, [&] { node_->all_gather_to(here[size_t(local_)], here, c.count, c.dtype, left()); });
+  }
 }
 
 void Hierarchy::reduce_scatter(Call& c) {

@@ -7,6 +7,8 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <stdexcept>
@@ -52,6 +54,12 @@ class Engine {
   virtual void reduce_scatter(const void* in, void* out, size_t count, const Reduction& r, Millis left) = 0;
   virtual void broadcast(void* buf, size_t bytes, int root, Millis left) = 0;
   virtual void all_gather(const void* in, void* out, size_t bytes, Millis left) = 0;
+  // Rank p's block into outs[p] (in may be one of them). By default through one staging buffer.
+  virtual void all_gather_to(const void* in, const std::vector<void*>& outs, size_t bytes, Millis left) {
+    std::vector<uint8_t> all(outs.size() * bytes);
+    all_gather(in, all.data(), bytes, left);
+    for (size_t p = 0; p < outs.size(); ++p) std::memcpy(outs[p], all.data() + p * bytes, bytes);
+  }
   virtual void all_gather_v(const void* in, void* out, const std::vector<size_t>& bytes, Millis left) = 0;
   // out only on root.
   virtual void gather_v(const void* in, void* out, const std::vector<size_t>& bytes, int root, Millis left) = 0;

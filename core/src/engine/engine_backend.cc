@@ -185,12 +185,7 @@ class EngineBackend : public Backend {
         return;
       case OpKind::AllGather:
         if (!bytes) return;
-        if (!c.outs.empty()) {  // all_gather_to: the engines gather into one buffer, then the blocks go out
-          std::vector<uint8_t> all(W * bytes);
-          engine_->all_gather(in, all.data(), bytes, left);
-          for (size_t p = 0; p < W; ++p) std::memcpy(c.outs[p], all.data() + p * bytes, bytes);
-          return;
-        }
+        if (!c.outs.empty()) return engine_->all_gather_to(in, c.outs, bytes, left);
         if (in == out + size_t(rank_) * bytes) in = private_input(bytes);
         return engine_->all_gather(in, out, bytes, left);
       case OpKind::AllGatherV:

@@ -55,9 +55,16 @@ class MeshLinks : public net::Links {
   void reserve_tmp(size_t bytes) override {
     if (tmp_.size() < bytes) tmp_.resize(bytes);
   }
+  // Out as separate blocks of `block` bytes (all_gather_to): spans of Out lie within one block.
+  void scatter_out(const std::vector<void*>& outs, size_t block) {
+    for (void* p : outs) out_blocks_.push_back(static_cast<uint8_t*>(p));
+    block_ = block;
+  }
 
  private:
   uint8_t* at(const net::Span& s) const {
+    if (s.buf == net::Buf::Out && !out_blocks_.empty())
+      return s.bytes ? out_blocks_[s.offset / block_] + s.offset % block_ : out_blocks_[0];
     uint8_t* base = s.buf == net::Buf::In ? in_ : s.buf == net::Buf::Out ? out_ : tmp_.data();
     return base ? base + s.offset : nullptr;
   }
@@ -67,6 +74,8 @@ class MeshLinks : public net::Links {
   Clock::time_point deadline_;
   const Fold* fold_;
   size_t elem_;
+  std::vector<uint8_t*> out_blocks_;
+  size_t block_ = 1;
   std::vector<net::Transfer> transfers_;
 };
 
@@ -104,6 +113,11 @@ class TcpEngine : public Engine {
   }
   void all_gather(const void* in, void* out, size_t bytes, Millis left) override {
     MeshLinks l(mesh_, in, out, tmp_, Clock::now() + left);
+    net::all_gather(l, bytes, pick(OpKind::AllGather, bytes));
+  }
+  void all_gather_to(const void* in, const std::vector<void*>& outs, size_t bytes, Millis left) override {
+    MeshLinks l(mesh_, in, nullptr, tmp_, Clock::now() + left);
+    l.scatter_out(outs, bytes);  // block p of Out is outs[p]: no staging
     net::all_gather(l, bytes, pick(OpKind::AllGather, bytes));
   }
 

@@ -1,0 +1,216 @@
+#!/usr/bin/env python3
+"""chorus at scale, in SimGrid: calibrate build/bench/chorus-sim against the namespace-host runs of
+bench/hosts_bench.sh, then predict all_reduce at 2-1,024 nodes x 8-64 ranks per node, and check
+that the algorithm chorus's cost model picks is the one the simulation finds fastest.
+
+  bench/scale_out.py calibrate MEASURED.csv [--terms ...]   prediction vs measurement, per row
+  bench/scale_out.py predict [--quick]                      the sweep, its CSV and plots
+  bench/scale_out.py all MEASURED.csv                       both (what docs/scale-out.md shows)
+
+MEASURED.csv is hosts_bench.sh --csv's output. Plots and CSVs go to docs/img (--out)."""
+import argparse
+import csv
+import math
+import os
+import statistics
+import subprocess
+import sys
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIELDS = ["op", "bytes", "nodes", "ranks_per_node", "scheme", "algorithm", "seconds", "busbw_GBps"]
+# This machine's namespace hosts, as bench/hosts_bench.sh's runs of 2026-11-26 fit them
+# (docs/scale-out.md, "Calibration"): the veth/bridge "network" is the kernel copying between the
+# namespaces on the same 2 cores.
+VETH = {"link-gbps": 8.0, "link-lat-us": 12.0, "o-us": 6.0, "fold-gbps": 40.0, "shm-gbps": 30.0, "shm-lat-us": 3.0}
+# A datacenter node: DDR5 shared memory, folds at memory speed, 1 us switch hops, 1 us per message.
+DATACENTER = {"link-lat-us": 1.0, "o-us": 1.0, "fold-gbps": 200.0, "shm-gbps": 200.0, "shm-lat-us": 1.0}
+ALGORITHMS = {"all_reduce": ["recursive_doubling", "halving_doubling", "ring"]}
+
+
+def simulate(sim, op, nbytes, nodes, per_node, scheme="chorus", algorithm=None, terms=None):
+    args = [sim, "--nodes", str(nodes), "--ranks-per-node", str(per_node), "--op", op, "--bytes", str(nbytes),
+            "--scheme", scheme, "--cfg=contexts/stack-size:64", "--cfg=contexts/guard-size:0",
+            "--cfg=network/model:CM02", "--cfg=network/crosstraffic:0", "--log=root.thres:critical"]
+    for k, v in (terms or {}).items():
+        args += [f"--{k}", str(v)]
+    if algorithm:
+        args += ["--algorithm", f"{op}={algorithm}"]
+    out = subprocess.run(args, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    return dict(zip(FIELDS, out.split(",")))
+
+
+def calibrate(args):
+    rows = defaultdict(list)
+    for r in csv.DictReader(open(args.measured)):
+        if r["impl"] == "chorus":
+            rows[(r["layout"], r["op"], int(r["bytes"]))].append(float(r["median_us"]))
+    terms = dict(VETH)
+    for kv in args.terms or []:
+        k, v = kv.split("=")
+        terms[k] = float(v)
+    out, errors = [], []
+    jobs = []
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for (layout, op, b), times in sorted(rows.items()):
+            h, r = (int(x) for x in layout.split("x"))
+            jobs.append(((layout, op, b, statistics.median(times)), pool.submit(simulate, args.sim, op, b, h, r,
+                                                                               terms=terms)))
+        for (layout, op, b, measured), fut in jobs:
+            got = fut.result()
+            predicted = float(got["seconds"]) * 1e6
+            err = (predicted - measured) / measured
+            errors.append(abs(err))
+            out.append({"layout": layout, "op": op, "bytes": b, "measured_us": f"{measured:.1f}",
+                        "predicted_us": f"{predicted:.1f}", "error_pct": f"{100 * err:+.0f}",
+                        "algorithm": got["algorithm"]})
+    path = os.path.join(args.out, "calibration.csv")
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(out[0]))
+        w.writeheader()
+        w.writerows(out)
+    within = sum(e <= 0.25 for e in errors)
+    print(f"| layout | op | bytes | measured µs | predicted µs | error | algorithm |\n|---|---|---:|---:|---:|---:|---|")
+    for o in out:
+        print(f"| {o['layout']} | {o['op']} | {o['bytes']} | {o['measured_us']} | {o['predicted_us']} | "
+              f"{o['error_pct']}% | {o['algorithm']} |")
+    print(f"\n{within} of {len(errors)} rows within 25%; median |error| {100 * statistics.median(errors):.0f}%")
+    plot_calibration(out, os.path.join(args.out, "calibration.png"))
+
+
+def plot_calibration(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 5))
+    markers = {"2x2": "o", "3x2": "s", "4x1": "^"}
+    for layout in sorted({r["layout"] for r in rows}):
+        pts = [(float(r["measured_us"]), float(r["predicted_us"])) for r in rows if r["layout"] == layout]
+        ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker=markers.get(layout, "x"), label=layout)
+    lo = min(min(float(r["measured_us"]), float(r["predicted_us"])) for r in rows) / 1.5
+    hi = max(max(float(r["measured_us"]), float(r["predicted_us"])) for r in rows) * 1.5
+    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+    ax.fill_between([lo, hi], [lo * 0.75, hi * 0.75], [lo * 1.25, hi * 1.25], color="grey", alpha=0.2, label="±25%")
+    ax.set(xscale="log", yscale="log", xlabel="measured on namespace hosts (µs)", ylabel="SimGrid prediction (µs)",
+           title="chorus-sim against the measurement")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def predict(args):
+    nodes = [2, 4, 16, 64, 256, 1024] if args.quick else [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+    per_node = [8, 64] if args.quick else [8, 16, 32, 64]
+    sizes = [8, 64 << 10, 16 << 20, 1 << 30]
+    links = [25, 100, 400]
+    points = [(n, l, b, g) for g in links for b in sizes for l in per_node for n in nodes]
+    rows = []
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futs = []
+        for n, l, b, g in points:
+            terms = dict(DATACENTER, **{"link-gbps": g})
+            futs.append(((n, l, b, g), "chorus", None, pool.submit(simulate, args.sim, "all_reduce", b, n, l,
+                                                                    terms=terms)))
+            for a in ALGORITHMS["all_reduce"]:  # the rule's check: every candidate, forced
+                futs.append(((n, l, b, g), "chorus", a, pool.submit(simulate, args.sim, "all_reduce", b, n, l,
+                                                                     algorithm=a, terms=terms)))
+            if n * l <= 1024:  # flat schemes: one actor per rank
+                for s in ["ring", "recursive_doubling", "tree"]:
+                    futs.append(((n, l, b, g), s, None, pool.submit(simulate, args.sim, "all_reduce", b, n, l,
+                                                                     scheme=s, terms=terms)))
+            if n <= 256 or b <= 64 << 10:
+                futs.append(((n, l, b, g), "two_level", None, pool.submit(simulate, args.sim, "all_reduce", b, n, l,
+                                                                          scheme="two_level", terms=terms)))
+        for i, (key, scheme, forced, fut) in enumerate(futs):
+            r = fut.result()
+            r.update(link_gbps=key[3], forced=forced or "")
+            rows.append(r)
+            if i % 50 == 0:
+                print(f"  {i + 1} of {len(futs)} simulations", file=sys.stderr, flush=True)
+    path = os.path.join(args.out, "scale_out.csv")
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS + ["link_gbps", "forced"])
+        w.writeheader()
+        w.writerows(rows)
+    report(rows, args.out)
+
+
+def report(rows, out):
+    key = lambda r: (int(r["nodes"]), int(r["ranks_per_node"]), int(r["bytes"]), float(r["link_gbps"]))
+    picked = {key(r): r for r in rows if r["scheme"] == "chorus" and not r["forced"]}
+    forced = defaultdict(dict)
+    for r in rows:
+        if r["scheme"] == "chorus" and r["forced"]:
+            forced[key(r)][r["forced"]] = float(r["seconds"])
+    agree, total, worst = 0, 0, (0, None)
+    for k, r in picked.items():
+        best = min(forced[k].items(), key=lambda kv: kv[1])
+        mine = float(r["seconds"])
+        total += 1
+        if mine <= best[1] * 1.05:
+            agree += 1
+        elif mine / best[1] > worst[0]:
+            worst = (mine / best[1], (k, r["algorithm"], best[0]))
+    print(f"\nthe cost model's pick is within 5% of the fastest algorithm in the simulation at {agree} of {total} points")
+    if worst[1]:
+        print(f"worst: {worst[1][0]} picked {worst[1][1]}, {worst[1][2]} was {worst[0]:.2f}x faster")
+    print("\n| link | bytes | ranks/node | " + " | ".join(f"{n} nodes" for n in sorted({k[0] for k in picked})) + " |")
+    print("|---|---:|---:|" + "---:|" * len({k[0] for k in picked}))
+    for g in sorted({k[3] for k in picked}):
+        for b in sorted({k[2] for k in picked}):
+            for l in sorted({k[1] for k in picked}):
+                cells = []
+                for n in sorted({k[0] for k in picked}):
+                    r = picked.get((n, l, b, g))
+                    cells.append(f"{float(r['seconds']) * 1e6:.4g} µs {r['algorithm'][:2]}" if r else "-")
+                print(f"| {g:g} Gb/s | {b} | {l} | " + " | ".join(cells) + " |")
+    plot_predictions(rows, out)
+
+
+def plot_predictions(rows, out):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    sizes = sorted({int(r["bytes"]) for r in rows})
+    for metric, label, fname in [("seconds", "all_reduce time (s)", "scale_out_time.png"),
+                                 ("busbw_GBps", "bus bandwidth (GB/s)", "scale_out_busbw.png")]:
+        fig, axes = plt.subplots(1, len(sizes), figsize=(4 * len(sizes), 4))
+        for ax, b in zip(axes, sizes):
+            for scheme, style in [("chorus", "-"), ("two_level", "--"), ("ring", ":"), ("recursive_doubling", "-."),
+                                  ("tree", (0, (1, 3)))]:
+                for l, color in [(8, "tab:blue"), (64, "tab:red")]:
+                    pts = sorted((int(r["nodes"]), float(r[metric])) for r in rows
+                                 if r["scheme"] == scheme and not r["forced"] and int(r["bytes"]) == b
+                                 and int(r["ranks_per_node"]) == l and float(r["link_gbps"]) == 100)
+                    if pts:
+                        ax.plot([p[0] for p in pts], [p[1] for p in pts], linestyle=style, color=color,
+                                label=f"{scheme}, {l}/node")
+            ax.set(xscale="log", yscale="log" if metric == "seconds" else "linear", xlabel="nodes",
+                   title=f"{b:,} B, 100 Gb/s")
+            ax.set_ylabel(label)
+        axes[0].legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, fname), dpi=110)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=["calibrate", "predict", "all"])
+    ap.add_argument("measured", nargs="?")
+    ap.add_argument("--sim", default=os.path.join(ROOT, "build", "bench", "chorus-sim"))
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "img"))
+    ap.add_argument("--quick", action="store_true", help="fewer node counts and ranks per node")
+    ap.add_argument("--terms", nargs="*", help="calibration terms, e.g. link-gbps=8 o-us=6")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    if args.what in ("calibrate", "all"):
+        if not args.measured:
+            ap.error("calibrate needs hosts_bench.sh's CSV")
+        calibrate(args)
+    if args.what in ("predict", "all"):
+        predict(args)
+
+
+if __name__ == "__main__":
+    main()

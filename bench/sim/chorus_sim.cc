@@ -1,0 +1,275 @@
+// chorus's collectives at scale in SimGrid (S4U): the algorithms of core/src/net/algorithms.cc
+// themselves, run by actors whose Links move simulated bytes (Note [Algorithms between hosts]),
+// on a fat tree of N nodes. One point per run; bench/scale_out.py sweeps and plots.
+//
+//   chorus-sim --nodes N --ranks-per-node L --op OP --bytes B --scheme SCHEME [terms] [--cfg=...]
+//
+// Schemes:
+//   chorus       what chorus runs (Note [Hierarchy]): shared memory in each node, and between
+//                nodes the algorithm the cost model picks for the slice's size and N
+//                (CHORUS_CROSS_ALGORITHM's names with --algorithm to force one). One actor per
+//                node carries its L slices: L times the bytes on its links, each slice's fold
+//                and copies on their own cores (1/L of the actor's).
+//   ring, recursive_doubling, halving_doubling, tree
+//                flat all_reduce over all N x L ranks, one actor per rank; messages inside a
+//                node cross its loopback at the shared-memory terms (tree: binomial reduce, then
+//                binomial broadcast)
+//   two_level    NCCL-like: each node reduces to one leader (shared memory), the leaders run a
+//                ring all_reduce of the whole buffer, each leader broadcasts in its node
+// Terms (defaults: this machine's veth between namespaces, docs/scale-out.md):
+//   --link-gbps, --link-lat-us   each fat-tree link (a route crosses 2 or 4)
+//   --o-us                       a rank's own time per message it sends or receives
+//   --fold-gbps                  folding one buffer into another
+//   --shm-gbps, --shm-lat-us     a node's shared memory per rank (bus bandwidth) and step latency
+//   --cost-alpha-us, --cost-gbps the network terms chorus's cost model picks with (default: what
+//                                the platform gives a message between two nodes)
+// Prints: op,bytes,nodes,ranks_per_node,scheme,algorithm,seconds,busbw_GBps
+#include <simgrid/s4u.hpp>
+
+#include <unistd.h>
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <string>
+
+#include "net/algorithms.h"
+#include "net/cost_model.h"
+
+namespace sg4 = simgrid::s4u;
+using chorus::OpKind;
+using namespace chorus::net;
+
+namespace {
+
+struct Terms {
+  double link_gbps = 10, link_lat_us = 10, o_us = 2, fold_gbps = 40, shm_gbps = 40, shm_lat_us = 2;
+  double cost_alpha_us = -1, cost_gbps = -1;
+};
+
+int token;  // every message's payload: only its simulated size matters
+
+std::string mailbox(int from, int to) { return std::to_string(from) + ">" + std::to_string(to); }
+
+// A rank's (or an aggregated node's) view of its peers in the simulation. `scale`: the share of
+// this actor's folds and copies that one core does (1/L when the actor carries L slices).
+class SimLinks : public Links {
+ public:
+  SimLinks(int rank, int size, const Terms& t, double scale, std::vector<int> actor_ids = {})
+      : rank_(rank), size_(size), t_(t), scale_(scale), ids_(std::move(actor_ids)) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void exchange(const std::vector<Move>& moves) override {
+    std::vector<sg4::CommPtr> comms;
+    size_t folded = 0;
+    sg4::this_actor::sleep_for(double(moves.size()) * t_.o_us * 1e-6);
+    for (const auto& m : moves) {
+      const int me = id(rank_), peer = id(m.peer);
+      if (m.send) {
+        comms.push_back(sg4::Mailbox::by_name(mailbox(me, peer))->put_async(&token, m.span.bytes + 16));
+      } else {
+        auto* box = sg4::Mailbox::by_name(mailbox(peer, me));
+        box->set_receiver(sg4::Actor::self());  // eager: data flows as soon as it is sent, as on TCP
+        int* sink = nullptr;
+        comms.push_back(box->get_async<int>(&sink));
+        if (m.fold) folded = std::max(folded, std::min<size_t>(m.span.bytes, 64 << 10));  // the last grain
+      }
+    }
+    sg4::Comm::wait_all(comms);
+    if (folded) sg4::this_actor::sleep_for(double(folded) * scale_ * 8 / (t_.fold_gbps * 1e9));
+  }
+  void copy(Span from, Span) override {
+    sg4::this_actor::sleep_for(double(from.bytes) * scale_ * 8 / (t_.shm_gbps * 1e9));
+  }
+  void fold(Span into, Span) override {
+    sg4::this_actor::sleep_for(double(into.bytes) * scale_ * 8 / (t_.fold_gbps * 1e9));
+  }
+  void reserve_tmp(size_t) override {}
+
+ private:
+  int id(int r) const { return ids_.empty() ? r : ids_[size_t(r)]; }
+  int rank_, size_;
+  Terms t_;
+  double scale_;
+  std::vector<int> ids_;
+};
+
+// Steps inside a node: shared memory moving `bytes` per rank in `calls` calls.
+void shm_step(const Terms& t, double bytes, int calls = 1) {
+  sg4::this_actor::sleep_for(calls * t.shm_lat_us * 1e-6 + bytes * 8 / (t.shm_gbps * 1e9));
+}
+
+// The fat tree of N nodes: 32 per leaf switch, each leaf with one uplink to each spine (non-blocking).
+std::string platform(int nodes, const Terms& t) {
+  char path[] = "/tmp/chorus-sim-XXXXXX";
+  const int fd = mkstemp(path);
+  if (fd >= 0) close(fd);
+  const int per_leaf = std::min(nodes, 32), leaves = (nodes + per_leaf - 1) / per_leaf;
+  std::ofstream xml(path);
+  xml << "<?xml version='1.0'?>\n<!DOCTYPE platform SYSTEM \"https://simgrid.org/simgrid.dtd\">\n"
+      << "<platform version=\"4.1\">\n<cluster id=\"fabric\" prefix=\"node-\" radical=\"0-" << nodes - 1
+      << "\" suffix=\"\" speed=\"1Gf\" core=\"64\" bw=\"" << t.link_gbps << "Gbps\" lat=\"" << t.link_lat_us << "us\""
+      << " loopback_bw=\"" << t.shm_gbps << "Gbps\" loopback_lat=\"" << t.shm_lat_us << "us\"";
+  if (leaves > 1)
+    xml << " topology=\"FAT_TREE\" topo_parameters=\"2;" << per_leaf << "," << leaves << ";1," << per_leaf << ";1,1\"";
+  xml << "/>\n</platform>\n";
+  return path;
+}
+
+double bus_factor(OpKind op, int p) {
+  if (op == OpKind::AllReduce) return 2.0 * (p - 1) / p;
+  if (op == OpKind::Broadcast) return 1.0;
+  return double(p - 1) / p;
+}
+
+OpKind parse_op(const std::string& s) {
+  for (OpKind k : {OpKind::Barrier, OpKind::AllReduce, OpKind::Broadcast, OpKind::AllGather, OpKind::ReduceScatter})
+    if (s == chorus::to_string(k)) return k;
+  std::fprintf(stderr, "chorus-sim: unknown op %s\n", s.c_str());
+  std::exit(2);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  sg4::Engine engine(&argc, argv);
+  int nodes = 2, per_node = 1;
+  size_t bytes = 8;
+  std::string op_name = "all_reduce", scheme = "chorus", forced;
+  Terms t;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i];
+    const char* v = argv[i + 1];
+    if (k == "--nodes")
+      nodes = std::atoi(v);
+    else if (k == "--ranks-per-node")
+      per_node = std::atoi(v);
+    else if (k == "--bytes")
+      bytes = size_t(std::atoll(v));
+    else if (k == "--op")
+      op_name = v;
+    else if (k == "--scheme")
+      scheme = v;
+    else if (k == "--algorithm")
+      forced = v;
+    else if (k == "--link-gbps")
+      t.link_gbps = std::atof(v);
+    else if (k == "--link-lat-us")
+      t.link_lat_us = std::atof(v);
+    else if (k == "--o-us")
+      t.o_us = std::atof(v);
+    else if (k == "--fold-gbps")
+      t.fold_gbps = std::atof(v);
+    else if (k == "--shm-gbps")
+      t.shm_gbps = std::atof(v);
+    else if (k == "--shm-lat-us")
+      t.shm_lat_us = std::atof(v);
+    else if (k == "--cost-alpha-us")
+      t.cost_alpha_us = std::atof(v);
+    else if (k == "--cost-gbps")
+      t.cost_gbps = std::atof(v);
+    else {
+      std::fprintf(stderr, "chorus-sim: unknown option %s\n", k.c_str());
+      return 2;
+    }
+  }
+  const OpKind op = parse_op(op_name);
+  const std::string xml = platform(nodes, t);
+  engine.load_platform(xml);
+  std::remove(xml.c_str());
+  std::vector<sg4::Host*> hosts(static_cast<size_t>(nodes));
+  for (int n = 0; n < nodes; ++n) hosts[size_t(n)] = engine.host_by_name("node-" + std::to_string(n));
+
+  // chorus's cost model, with the terms a message between two nodes sees (or those given).
+  NetCost cost;
+  const int hops = nodes > 32 ? 4 : 2;
+  cost.alpha = (t.cost_alpha_us > 0 ? t.cost_alpha_us : hops * t.link_lat_us) * 1e-6;
+  cost.beta = 8.0 / ((t.cost_gbps > 0 ? t.cost_gbps : t.link_gbps) * 1e9);
+  cost.gamma = 8.0 / (t.fold_gbps * 1e9);
+  cost.o = t.o_us * 1e-6;
+  std::map<std::string, std::string> force;
+  if (!forced.empty()) force = parse_forced(forced, "--algorithm");
+
+  const int L = per_node, P = nodes * per_node;
+  const size_t elem = 4;
+  std::string algorithm = scheme;
+  if (scheme == "chorus") {
+    // Note [Hierarchy]: per-slice sizes as communicator/hierarchy.cc cuts them.
+    const bool small = bytes < (64 << 10) || bytes / elem < size_t(L);
+    size_t slice = bytes;
+    if (op == OpKind::AllReduce && !small && L > 1) slice = bytes / size_t(L);
+    if (op == OpKind::Broadcast && !small && L > 1) slice = bytes / size_t(L);
+    const Algorithm a = op == OpKind::Barrier ? Algorithm::Binomial : choose(op, slice, nodes, cost, force);
+    algorithm = op == OpKind::Barrier ? "dissemination" : algorithm_name(a);
+    const size_t carried = slice * size_t(L);  // every slice's bytes on this node's links
+    for (int n = 0; n < nodes; ++n)
+      sg4::Actor::create("node-" + std::to_string(n), hosts[size_t(n)], [=] {
+        SimLinks links(n, nodes, t, 1.0 / L);
+        switch (op) {
+          case OpKind::AllReduce:
+            if (L > 1) shm_step(t, small ? 2.0 * bytes * (L - 1) / L : double(bytes) * (L - 1) / L);
+            if (nodes > 1) all_reduce(links, carried / elem, elem, a);
+            if (L > 1 && !small) shm_step(t, double(bytes) * (L - 1) / L);
+            break;
+          case OpKind::Broadcast:
+            if (small) {  // the root's slice alone crosses
+              SimLinks one(n, nodes, t, 1.0);
+              if (nodes > 1) broadcast(one, bytes, 0, a, chain_segments(slice, nodes, cost));
+              if (L > 1) shm_step(t, double(bytes));
+            } else {
+              if (L > 1 && n == 0) shm_step(t, double(bytes));
+              if (nodes > 1) broadcast(links, carried, 0, a, chain_segments(slice, nodes, cost));
+              if (L > 1 && n != 0) shm_step(t, double(bytes) * (L - 1) / L);
+            }
+            break;
+          case OpKind::AllGather:
+            if (nodes > 1) all_gather(links, carried, a);
+            if (L > 1 && bytes * size_t(P) < (64 << 10))  // one call, then the blocks put in order
+              shm_step(t, double(bytes) * nodes * (L - 1) + double(bytes) * P);
+            else if (L > 1)  // a call per node's blocks, straight into place
+              shm_step(t, double(bytes) * nodes * (L - 1), nodes);
+            break;
+          case OpKind::ReduceScatter:
+            if (L > 1) shm_step(t, double(bytes) * P + double(bytes) * nodes * (L - 1));  // the reorder, then in-node
+            if (nodes > 1) reduce_scatter(links, carried / elem, elem, a);
+            break;
+          default:
+            if (L > 1) shm_step(t, 0);
+            if (nodes > 1) barrier(links);
+        }
+      });
+  } else if (scheme == "two_level") {
+    for (int n = 0; n < nodes; ++n)
+      sg4::Actor::create("node-" + std::to_string(n), hosts[size_t(n)], [=] {
+        SimLinks links(n, nodes, t, 1.0);
+        if (L > 1) shm_step(t, double(bytes) * (L - 1));  // the leader reads every rank's buffer
+        if (nodes > 1) all_reduce(links, bytes / elem, elem, Algorithm::Ring);
+        if (L > 1) shm_step(t, double(bytes));
+      });
+  } else {
+    Algorithm a = Algorithm::Ring;
+    if (scheme != "tree" && !parse_algorithm(scheme, &a)) {
+      std::fprintf(stderr, "chorus-sim: unknown scheme %s\n", scheme.c_str());
+      return 2;
+    }
+    for (int r = 0; r < P; ++r)
+      sg4::Actor::create("rank-" + std::to_string(r), hosts[size_t(r / L)], [=] {
+        SimLinks links(r, P, t, 1.0);
+        if (scheme == "tree") {
+          reduce(links, bytes / elem, elem, 0);
+          broadcast(links, bytes, 0, Algorithm::Binomial);
+        } else {
+          all_reduce(links, bytes / elem, elem, a);
+        }
+      });
+  }
+  engine.run();
+  const double seconds = sg4::Engine::get_clock();
+  const double alg = op == OpKind::AllGather || op == OpKind::ReduceScatter ? double(bytes) * P : double(bytes);
+  std::printf("%s,%zu,%d,%d,%s,%s,%.9g,%.6g\n", op_name.c_str(), bytes, nodes, L, scheme.c_str(), algorithm.c_str(),
+              seconds, seconds > 0 ? alg / seconds / 1e9 * bus_factor(op, P) : 0.0);
+  return 0;
+}
