@@ -3,6 +3,9 @@
 # x R ranks: chorus's automatic choice (chorusrun + chorus-bench) against torch's gloo (torchrun +
 # bench/torch_hosts.py) on the same hosts, the implementations interleaved and each run REPEAT
 # times; the table is the median of the runs of rank 0's median. Needs root (namespaces).
+# Implementations (--impls): chorus (auto: tcp between hosts), gloo (torch's), chorus-gloo and
+# chorus-mpi (chorus-bench with CHORUS_BACKEND=gloo, or =mpi under Open MPI's mpirun, which
+# starts its daemons inside the namespaces through a plm_rsh_agent), before (--before's build).
 #
 # Usage: bench/hosts_bench.sh [options]
 #   --build DIR        chorus's build (default: build)
@@ -12,11 +15,12 @@
 #   --ops LIST         default barrier,all_reduce,broadcast,all_gather,reduce_scatter
 #   --sizes LIST       bytes per rank (default 8,1024,65536,1048576,4194304,16777216,67108864)
 #   --repeat N         runs of each implementation (default 3)
+#   --impls LIST       default chorus,gloo
 #   --csv FILE         every run's rows (layout,impl,run,op,bytes,median_us) go there too
 #   --env K=V          for chorus's runs (repeatable), e.g. --env CHORUS_CROSS_ALGORITHM=ring
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-build=$root/build before="" layouts=2x2,3x2,4x1 repeat=3 csv=""
+build=$root/build before="" layouts=2x2,3x2,4x1 repeat=3 csv="" impls=chorus,gloo
 ops=barrier,all_reduce,broadcast,all_gather,reduce_scatter
 sizes=8,1024,65536,1048576,4194304,16777216,67108864
 chorus_env=()
@@ -28,9 +32,10 @@ while (($#)); do
     --ops) ops=$2; shift 2 ;;
     --sizes) sizes=$2; shift 2 ;;
     --repeat) repeat=$2; shift 2 ;;
+    --impls) impls=$2; shift 2 ;;
     --csv) csv=$(realpath -m "$2"); shift 2 ;;
     --env) chorus_env+=("$2"); shift 2 ;;
-    -h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "hosts_bench.sh: unknown option $1 (--help lists them)" >&2; exit 2 ;;
   esac
 done
@@ -43,18 +48,40 @@ port=$((30000 + $$ % 10000))
 rows=$out/rows.csv
 echo "layout,impl,run,op,bytes,median_us" > "$rows"
 
-# launch IMPL H R RUN: one launcher per host, node 0's table parsed into $rows.
+# mpirun's daemons start in the namespaces: the agent maps each host name to its namespace.
+printf '%s\n' '#!/bin/sh' 'host=$1; shift' "ns=\$(grep \"^\$host \" $out/hosts.map | cut -d' ' -f2)" \
+  'exec ip netns exec "$ns" unshare --uts sh -c '"'"'hostname "$0"; exec sh -c "$1"'"'"' "$host" "$*"' > "$out/agent.sh"
+chmod +x "$out/agent.sh"
+
+# launch IMPL H R RUN: one launcher per host (chorus-mpi: one mpirun in host 0), node 0's table
+# parsed into $rows.
 launch() {
   local impl=$1 h=$2 r=$3 run=$4 i pids=() ok=1
   port=$((port + 1))
+  if [[ $impl == chorus-mpi ]]; then
+    : > "$out/hosts.map"
+    : > "$out/hostfile"
+    for ((i = 0; i < h; i++)); do
+      echo "h$i ${HOST_NS[i]}" >> "$out/hosts.map"
+      echo "h$i slots=$r" >> "$out/hostfile"
+    done
+    local list=${HOST_IP[0]%.*}.0/24  # the hosts' subnet (each host has its own interface name)
+    in_host ${HOST_NS[0]} h0 env CHORUS_BACKEND=mpi MASTER_ADDR=${HOST_IP[0]} MASTER_PORT=$port \
+      mpirun --allow-run-as-root --hostfile "$out/hostfile" -np $((h * r)) --mca plm_rsh_agent "$out/agent.sh" \
+      --mca btl_tcp_if_include "$list" --mca oob_tcp_if_include "$list" \
+      -x CHORUS_BACKEND -x MASTER_ADDR -x MASTER_PORT -x OMP_NUM_THREADS \
+      "$build/bench/chorus-bench" --ops $ops --sizes $sizes > "$out/$impl.0" 2>&1 || ok=0
+  fi
   for ((i = 0; i < h; i++)); do
+    [[ $impl == chorus-mpi ]] && break
     local common=(--nnodes $h --node-rank $i --master-addr ${HOST_IP[0]} --master-port $port --nproc-per-node $r)
     local cmd
     case $impl in
-      chorus | before)
-        local b=$build
+      chorus | before | chorus-gloo)
+        local b=$build extra=()
         [[ $impl == before ]] && b=$before
-        cmd=(env "${chorus_env[@]}" "$b/launcher/chorusrun" --no-prefix "${common[@]}"
+        [[ $impl == chorus-gloo ]] && extra=(CHORUS_BACKEND=gloo)
+        cmd=(env "${chorus_env[@]}" "${extra[@]}" "$b/launcher/chorusrun" --no-prefix "${common[@]}"
              "$b/bench/chorus-bench" --ops $ops --sizes $sizes) ;;
       gloo)
         cmd=(env GLOO_SOCKET_IFNAME=c$$h$i "$py" -m torch.distributed.run "${common[@]}"
@@ -79,7 +106,7 @@ for line in open(path):
 PY
 }
 
-impls=(chorus gloo)
+IFS=, read -ra impls <<< "$impls"
 [[ -n $before ]] && impls=(before "${impls[@]}")
 IFS=, read -ra layout_list <<< "$layouts"
 for layout in "${layout_list[@]}"; do

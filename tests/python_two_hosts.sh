@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A Python program on backend "chorus" over two "hosts" on one machine (tests/netns.sh):
 # chorusrun runs 2 processes in each, which meet through torch's env:// store and must take
-# chorus's hierarchical path (shared memory in each host, gloo between them), with correct
+# chorus's hierarchical path (shared memory in each host, tcp between them), with correct
 # collectives and equal DDP replicas on all 4 ranks.
 # Usage: tests/python_two_hosts.sh CHORUSRUN PROBE.py PYTHON   (PYTHONPATH finds chorus_torch)
 # Exits 77 (skipped) where network namespaces cannot be made (no root, no iproute2).

@@ -54,8 +54,9 @@ SymmetricMemory private_memory(size_t bytes);
 
 // Note [Backend table]: the backends this build has, one row each, in the order "auto" tries
 // them: the first that can serve the group wins (NCCL's rule for transports). shm serves ranks
-// that are all on this host; gloo and mpi serve any group. A row exists only when its library
-// was found at build time (CHORUS_HAVE_GLOO, CHORUS_HAVE_MPI).
+// that are all on this host; tcp (chorus's own, always built), gloo and mpi serve any group. The
+// gloo and mpi rows exist only when their library was found at build time (CHORUS_HAVE_GLOO,
+// CHORUS_HAVE_MPI).
 struct BackendRow {
   const char* name;
   bool crosses_hosts;  // can serve ranks on several hosts

@@ -41,7 +41,7 @@ if "CHORUS" not in dist.Backend._plugins:
 
 def engine(group=None):
     """The chorus engine that moves `group`'s data (default: the world): "shm" within one host,
-    the hierarchy (shared memory inside each host, gloo between hosts) across several."""
+    the hierarchy (shared memory inside each host, tcp between hosts) across several."""
     group = group if group is not None else dist.distributed_c10d._get_default_group()
     return _C._engine(group._get_backend(torch.device("cpu")))
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "chorus/core/error.h"
+#include "chorus/core/settings.h"
 #include "engine/engine.h"
 #include "net/algorithms.h"
 #include "net/cost_model.h"
@@ -86,6 +87,9 @@ class TcpEngine : public Engine {
     cost_ = cross.cost.empty() ? measure(Clock::now() + left) : net::parse_cost(cross.cost);
     // For the groups made from this one (Note [Hierarchy]: the slices between hosts choose alike).
     if (rank == 0) store.set("tcp/cost", net::cost_setting(cost_));
+    if (rank == 0 && settings().log_level >= 1)
+      std::fprintf(stderr, "[chorus] tcp, %d ranks: %s (%s)\n", size, net::describe_cost(cost_).c_str(),
+                   cross.cost.empty() ? "measured" : "given");
   }
 
   std::string name() const override { return "tcp"; }

@@ -49,7 +49,7 @@ struct Call;
 
 struct CommunicatorOptions {
   // "auto" (CHORUS_BACKEND, else: shm when every rank is on this host; across hosts, shm inside
-  // each host and gloo between them, Note [Hierarchy]), "shm", or "gloo".
+  // each host and tcp between them, Note [Hierarchy]), "shm", "tcp", "gloo" or "mpi".
   std::string backend = "auto";
   std::chrono::milliseconds timeout = std::chrono::minutes(30);  // default deadline of each call
   std::string name = "world";                                    // appears in every message about this group
