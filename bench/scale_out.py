@@ -49,7 +49,7 @@ def calibrate(args):
     terms = dict(VETH)
     for kv in args.terms or []:
         k, v = kv.split("=")
-        terms[k] = float(v)
+        terms[k] = v
     out, errors = [], []
     jobs = []
     with ThreadPoolExecutor(max_workers=2) as pool:

@@ -18,6 +18,7 @@
 //                ring all_reduce of the whole buffer, each leader broadcasts in its node
 // Terms (defaults: this machine's veth between namespaces, docs/scale-out.md):
 //   --link-gbps, --link-lat-us   each fat-tree link (a route crosses 2 or 4)
+//   --link-sharing               splitduplex (default: each direction its own bandwidth) or shared
 //   --o-us                       a rank's own time per message it sends or receives
 //   --fold-gbps                  folding one buffer into another
 //   --shm-gbps, --shm-lat-us     a node's shared memory per rank (bus bandwidth) and step latency
@@ -48,6 +49,7 @@ namespace {
 struct Terms {
   double link_gbps = 10, link_lat_us = 10, o_us = 2, fold_gbps = 40, shm_gbps = 40, shm_lat_us = 2;
   double cost_alpha_us = -1, cost_gbps = -1;
+  bool shared_links = false;  // both directions of a link share its bandwidth (one CPU copying both ways)
 };
 
 int token;  // every message's payload: only its simulated size matters
@@ -112,7 +114,8 @@ std::string platform(int nodes, const Terms& t) {
   xml << "<?xml version='1.0'?>\n<!DOCTYPE platform SYSTEM \"https://simgrid.org/simgrid.dtd\">\n"
       << "<platform version=\"4.1\">\n<cluster id=\"fabric\" prefix=\"node-\" radical=\"0-" << nodes - 1
       << "\" suffix=\"\" speed=\"1Gf\" core=\"64\" bw=\"" << t.link_gbps << "Gbps\" lat=\"" << t.link_lat_us << "us\""
-      << " loopback_bw=\"" << t.shm_gbps << "Gbps\" loopback_lat=\"" << t.shm_lat_us << "us\"";
+      << " loopback_bw=\"" << t.shm_gbps << "Gbps\" loopback_lat=\"" << t.shm_lat_us << "us\""
+      << " sharing_policy=\"" << (t.shared_links ? "SHARED" : "SPLITDUPLEX") << "\"";
   if (leaves > 1)
     xml << " topology=\"FAT_TREE\" topo_parameters=\"2;" << per_leaf << "," << leaves << ";1," << per_leaf << ";1,1\"";
   xml << "/>\n</platform>\n";
@@ -171,6 +174,8 @@ int main(int argc, char** argv) {
       t.cost_alpha_us = std::atof(v);
     else if (k == "--cost-gbps")
       t.cost_gbps = std::atof(v);
+    else if (k == "--link-sharing")
+      t.shared_links = std::string(v) == "shared";
     else {
       std::fprintf(stderr, "chorus-sim: unknown option %s\n", k.c_str());
       return 2;
@@ -208,6 +213,13 @@ int main(int argc, char** argv) {
     for (int n = 0; n < nodes; ++n)
       sg4::Actor::create("node-" + std::to_string(n), hosts[size_t(n)], [=] {
         SimLinks links(n, nodes, t, 1.0 / L);
+        // Note [Comparing calls]: first the whole group compares the call, a max-reduction of 24
+        // bytes by recursive doubling over every rank (its rounds inside a node over loopback).
+        if (L > 1) sg4::this_actor::sleep_for(std::ceil(std::log2(double(L))) * (2 * t.o_us + t.shm_lat_us) * 1e-6);
+        if (nodes > 1) {
+          SimLinks check(n, nodes, t, 1.0);
+          all_reduce(check, 3, 8, Algorithm::RecursiveDoubling);
+        }
         switch (op) {
           case OpKind::AllReduce:
             if (L > 1) shm_step(t, small ? 2.0 * bytes * (L - 1) / L : double(bytes) * (L - 1) / L);
