@@ -55,11 +55,14 @@ run_case() {
 }
 
 # torchrun agent $AGENT: agent 0 hosts the c10d store. Left to itself, whichever agent binds the
-# endpoint first would (on a loaded machine, not always agent 0).
+# endpoint first would (on a loaded machine, not always agent 0). Each round's workers get a store
+# of their own: with torchrun's shared one, a second round (agent 1 arriving after agent 0 formed
+# a round alone, as on a loaded machine) waits forever on the first round's keys
+# (pytorch/pytorch#135712; CI saw it as "no checkpoint was written").
 torchrun_agent() {
   local host=false
   ((AGENT == 0)) && host=true
-  "$torchrun" --nnodes 1:2 --nproc-per-node 1 --max-restarts 3 --rdzv-backend c10d \
+  TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "$torchrun" --nnodes 1:2 --nproc-per-node 1 --max-restarts 3 --rdzv-backend c10d \
     --rdzv-endpoint 127.0.0.1:$p --rdzv-id py-elastic --rdzv-conf last_call_timeout=1,join_timeout=60,is_host=$host \
     --monitor-interval 0.1 "$@"
 }
