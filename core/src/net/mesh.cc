@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <utility>
 
 #include "chorus/core/error.h"
 #include "engine/engine.h"
@@ -95,6 +96,16 @@ bool read_exact(int fd, void* buf, size_t n, Clock::time_point deadline) {
 Mesh::Mesh(Store& store, int rank, int size, Clock::time_point deadline)
     : rank_(rank), size_(size), fds_(size_t(size) * kChannels, -1) {
   wake_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  try {
+    connect(store, deadline);
+  } catch (...) {
+    close_all();  // a constructor that throws runs no destructor
+    throw;
+  }
+}
+
+void Mesh::connect(Store& store, Clock::time_point deadline) {
+  const int rank = rank_, size = size_;
   const std::string host = listen_address();
   int port = 0;
   int listener = -1;
@@ -187,10 +198,12 @@ Mesh::Mesh(Store& store, int rank, int size, Clock::time_point deadline)
     }
 }
 
-Mesh::~Mesh() {
-  for (int fd : fds_)
-    if (fd >= 0) ::close(fd);
-  if (wake_ >= 0) ::close(wake_);
+Mesh::~Mesh() { close_all(); }
+
+void Mesh::close_all() {
+  for (int& fd : fds_)
+    if (fd >= 0) ::close(std::exchange(fd, -1));
+  if (wake_ >= 0) ::close(std::exchange(wake_, -1));
 }
 
 void Mesh::interrupt() {

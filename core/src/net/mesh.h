@@ -72,6 +72,8 @@ class Mesh {
   void interrupt();
 
  private:
+  void connect(Store& store, std::chrono::steady_clock::time_point deadline);  // the constructor's work
+  void close_all();
   int fd(int peer, Channel c) const { return fds_[size_t(peer) * kChannels + size_t(c)]; }
   // One step of t on its socket: false when it would block. Throws on failure.
   bool advance(Transfer& t);
