@@ -2,7 +2,9 @@
 
 #include "chorus/core/environment.h"
 #include "chorus/core/error.h"
+#include "chorus/core/settings.h"
 #include "chorus/core/supervisor.h"
+#include "net/cost_model.h"
 
 namespace chorus {
 namespace {
@@ -178,6 +180,40 @@ TEST(Settings, ParsesAndRejects) {
   EXPECT_EQ(read_settings(EnvMap{{"CHORUS_SHM_STREAM_SLOTS", "0"}}).shm.stream_slots, false);
   EXPECT_EQ(read_settings(EnvMap{{"CHORUS_SHM_STREAM_SLOTS", "1"}}).shm.stream_slots, true);
   EXPECT_THROW(read_settings(EnvMap{{"CHORUS_SHM_STREAM_SLOTS", "yes"}}), InvalidArgument);
+}
+
+// What the errors of CHORUS_CROSS_ALGORITHM and CHORUS_CROSS_COST say.
+std::string rejection(const EnvMap& env) {
+  try {
+    read_settings(env);
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "accepted";
+}
+
+TEST(Settings, AlgorithmsAndCostBetweenHosts) {
+  const auto s = read_settings(
+      EnvMap{{"CHORUS_CROSS_ALGORITHM", "ring,broadcast=chain"}, {"CHORUS_CROSS_COST", "alpha_us=30,gbps=100"}});
+  EXPECT_EQ(s.cross.algorithm, "ring,broadcast=chain");
+  const auto forced = net::parse_forced(s.cross.algorithm, "x");
+  EXPECT_EQ(forced.at("*"), "ring");
+  EXPECT_EQ(forced.at("broadcast"), "chain");
+  const auto cost = net::parse_cost(s.cross.cost);
+  EXPECT_DOUBLE_EQ(cost.alpha, 30e-6);
+  EXPECT_DOUBLE_EQ(cost.beta, 8.0 / 100e9);
+  EXPECT_EQ(net::choose(OpKind::Broadcast, 1 << 20, 8, cost, forced), net::Algorithm::Chain);
+  EXPECT_EQ(net::choose(OpKind::AllReduce, 8, 8, cost, forced), net::Algorithm::Ring);
+  // Unforced, the model: recursive doubling for 8 bytes, halving-doubling for 64 MiB on 8 ranks.
+  EXPECT_EQ(net::choose(OpKind::AllReduce, 8, 8, cost, {}), net::Algorithm::RecursiveDoubling);
+  EXPECT_EQ(net::choose(OpKind::AllReduce, 64 << 20, 8, cost, {}), net::Algorithm::HalvingDoubling);
+  EXPECT_NE(rejection({{"CHORUS_CROSS_ALGORITHM", "rings"}}).find("unknown algorithm 'rings'"), std::string::npos);
+  EXPECT_NE(rejection({{"CHORUS_CROSS_ALGORITHM", "broadcast=ring"}}).find("broadcast cannot run 'ring'"),
+            std::string::npos);
+  EXPECT_NE(rejection({{"CHORUS_CROSS_ALGORITHM", "gather=ring"}}).find("'gather' has no choice"), std::string::npos);
+  EXPECT_NE(rejection({{"CHORUS_CROSS_COST", "alpha_us=fast"}}).find("'alpha_us=fast'"), std::string::npos);
+  EXPECT_NE(rejection({{"CHORUS_CROSS_COST", "latency=3"}}).find("unknown term 'latency'"), std::string::npos);
+  EXPECT_NE(rejection({{"CHORUS_CROSS_COST", "gbps=-1"}}).find("CHORUS_CROSS_COST"), std::string::npos);
 }
 
 }  // namespace
