@@ -88,7 +88,8 @@ void Hierarchy::step(const Call& c, const Communicator& sub, const std::vector<i
 }
 
 bool Hierarchy::serves(const Call& c) const {
-  if (!c.invalid.empty()) return false;
+  // An empty call moves nothing: flat, where no step copies from a null buffer.
+  if (!c.invalid.empty() || (c.kind != OpKind::Barrier && c.count == 0)) return false;
   switch (c.kind) {
     case OpKind::Barrier:
     case OpKind::AllReduce:

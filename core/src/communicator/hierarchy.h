@@ -42,8 +42,8 @@ class Hierarchy {
   static std::unique_ptr<Hierarchy> build(Communicator& group, const std::vector<std::string>& hosts,
                                           const std::string& cross_backend);
 
-  // Whether this call goes by the steps: barrier, all_reduce, broadcast, all_gather and
-  // reduce_scatter with valid arguments.
+  // Whether this call goes by the steps: barrier, and all_reduce, broadcast, all_gather and
+  // reduce_scatter of at least one element, with valid arguments.
   bool serves(const Call& c) const;
   // Runs `c` by the steps (Note [Hierarchy]). Throws like a flat call; a failure in a step is
   // reported with the group's ranks, and aborts the group.
