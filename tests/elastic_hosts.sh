@@ -24,6 +24,11 @@ netns_cleanup='[[ -n ${KEEP:-} ]] || rm -rf "$out"'
 source "$(dirname "$0")/netns.sh"
 hosts_up 4
 export OMP_NUM_THREADS=1 CHORUS_RDZV_SECRET=elastic-test-$$-$RANDOM
+# The job and its reference must add their gradients in the same order. Between 3 hosts the
+# ring all_reduce and a tree add in different orders, and the choice between them comes from
+# terms each group measures (Note [Choosing an algorithm between hosts]): the terms are given,
+# as veth measures them, so that every group chooses alike.
+export CHORUS_CROSS_COST=alpha_us=7,gbps=15,fold_gbps=200,o_us=2
 port=29400
 endpoints="${HOST_IP[0]}:$port,${HOST_IP[1]}:$port,${HOST_IP[2]}:$port"
 # The job must outlast the event (0-2 s after the first checkpoint) on a fast machine: on tcp, 6

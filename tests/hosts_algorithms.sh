@@ -2,8 +2,8 @@
 # Every algorithm between hosts, on H "hosts" (tests/netns.sh) of R ranks each: chorusrun starts
 # core/tests/group_probe --algorithms on each, which runs the collective sweep and a check that
 # every rank ends with the same bits once per forced set of algorithms (and once as the cost
-# model chooses), and that the results a reduction's order cannot change are the same under every
-# set. With R > 1 the group is hierarchical (the algorithms run between one rank per host); with
+# model chooses), and that the results are the same under every set wherever the algorithms
+# reduce in the same order (all but the ring all_reduce's float sums on 3 hosts). With R > 1 the group is hierarchical (the algorithms run between one rank per host); with
 # R = 1 it is flat.
 # Usage: tests/hosts_algorithms.sh CHORUSRUN GROUP_PROBE H R
 # Exits 77 (skipped) where network namespaces cannot be made (no root, no iproute2).

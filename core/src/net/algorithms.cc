@@ -66,7 +66,9 @@ void all_reduce_halving(Links& l, size_t count, size_t elem) {
     // keeps that one. The ranges are remembered for the doubling that retraces them.
     std::vector<std::pair<size_t, size_t>> levels;  // the range before each split, elements
     size_t lo = 0, hi = count;
-    for (int mask = q.p2 / 2; mask >= 1; mask /= 2) {
+    // Nearest partner first, as recursive doubling pairs them: the two sum in the same tree and
+    // give the same bits.
+    for (int mask = 1; mask < q.p2; mask *= 2) {
       levels.emplace_back(lo, hi);
       const size_t mid = lo + (hi - lo) / 2;
       const bool lower = (q.v & mask) == 0;
@@ -77,7 +79,7 @@ void all_reduce_halving(Links& l, size_t count, size_t elem) {
                   recv_fold(q.real(q.v ^ mask), tmp(0, keep.bytes), keep)});
       lo = keep_lo, hi = keep_hi;
     }
-    for (int mask = 1; mask < q.p2; mask *= 2) {  // doubling: swap halves back, level by level
+    for (int mask = q.p2 / 2; mask >= 1; mask /= 2) {  // doubling: swap halves back, level by level
       const auto [whole_lo, whole_hi] = levels.back();
       levels.pop_back();
       const size_t other_lo = lo == whole_lo ? hi : whole_lo, other_hi = lo == whole_lo ? whole_hi : lo;
@@ -123,7 +125,8 @@ void reduce_scatter_ring(Links& l, size_t count, size_t elem) {
 void reduce_scatter_direct(Links& l, size_t count, size_t elem) {
   const int p = l.size(), r = l.rank();
   const size_t b = count * elem;
-  l.reserve_tmp(size_t(std::max(p - 1, 1)) * b);
+  if (p == 1) return l.copy(in(0, b), out(0, b));
+  l.reserve_tmp(size_t(p - 1) * b);
   std::vector<Move> moves;
   for (int q = 0, slot = 0; q < p; ++q)
     if (q != r) {
@@ -131,8 +134,12 @@ void reduce_scatter_direct(Links& l, size_t count, size_t elem) {
       moves.push_back(recv(q, tmp(size_t(slot++) * b, b)));
     }
   l.exchange(moves);
-  l.copy(in(size_t(r) * b, b), out(0, b));
-  for (int slot = 0; slot < p - 1; ++slot) l.fold(out(0, b), tmp(size_t(slot) * b, b));  // in rank order
+  // In the ring's order (rank r + 1 first, this rank's own block last), so that direct and ring
+  // give the same bits.
+  auto block_of = [&](int q) { return tmp(size_t(q < r ? q : q - 1) * b, b); };
+  l.copy(block_of((r + 1) % p), out(0, b));
+  for (int q = (r + 2) % p; q != r; q = (q + 1) % p) l.fold(out(0, b), block_of(q));
+  l.fold(out(0, b), in(size_t(r) * b, b));
 }
 
 void all_gather_ring(Links& l, size_t b) {

@@ -7,8 +7,14 @@
 // Every algorithm leaves bit-identical results on every rank that gets the result: each element
 // of a reduction is either combined in one place and then copied (ring, halving-doubling), or
 // combined pairwise with both partners computing a op b and b op a, which IEEE arithmetic makes
-// equal (recursive doubling). Different algorithms add in different orders, so float sums may
-// differ between algorithms in the last bits; integer sums, min, max and the bitwise ops do not.
+// equal (recursive doubling). Where it costs nothing, algorithms that do the same reduction add
+// in the same order, so that the choice between them cannot change a float sum: halving-doubling
+// pairs the ranks nearest first, as recursive doubling does, and both add in the same tree; a
+// direct reduce_scatter folds the blocks in the ring's order (rank r + 1 first, r's own last).
+// The ring all_reduce adds each chunk along the ring, which no tree can: between it and the other
+// two (a choice only on a number of ranks that is not a power of two, Note [Choosing an algorithm
+// between hosts]), a float sum may differ in its last bits. Integer sums, min, max and the
+// bitwise ops never do.
 #pragma once
 
 #include <cstddef>

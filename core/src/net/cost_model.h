@@ -12,6 +12,12 @@
 // go to every rank, so all choose alike) unless CHORUS_CROSS_COST gives them, and
 // CHORUS_CROSS_ALGORITHM overrides the choice (docs/settings.md). The same functions drive the
 // SimGrid model of bench/sim, whose predictions at up to 1,024 nodes check the rule.
+//
+// Measured terms vary from run to run, and so may a choice near a crossover. Only one choice can
+// change a result's bits (Note [Algorithms between hosts]): the ring all_reduce against recursive
+// doubling or halving-doubling, which on a power of two of ranks never wins (as many bytes, more
+// steps), so it arises only on 3, 5, 6, 7... ranks between hosts, for float sums. A job that must
+// give the same bits run after run there gives the terms (CHORUS_CROSS_COST) or the algorithm.
 #pragma once
 
 #include <cstddef>
