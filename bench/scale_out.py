@@ -24,8 +24,11 @@ FIELDS = ["op", "bytes", "nodes", "ranks_per_node", "scheme", "algorithm", "seco
 # (docs/scale-out.md, "Calibration"): the veth/bridge "network" is the kernel copying between the
 # namespaces on the same 2 cores.
 VETH = {"link-gbps": 8.0, "link-lat-us": 12.0, "o-us": 6.0, "fold-gbps": 40.0, "shm-gbps": 30.0, "shm-lat-us": 3.0}
-# A datacenter node: DDR5 shared memory, folds at memory speed, 1 us switch hops, 1 us per message.
-DATACENTER = {"link-lat-us": 1.0, "o-us": 1.0, "fold-gbps": 200.0, "shm-gbps": 200.0, "shm-lat-us": 1.0}
+FITTED = list(VETH)
+# A node: shared memory at what bench/compare.py measures here (membw_pair: a 64 MiB memcpy in 9.6 ms
+# while another process copies, 56 Gb/s; membw's a+=b at 10 GB/s for folds), 1 us per step; the
+# fat tree's hops 1 us each, and 1 us of a rank's own time per message.
+DATACENTER = {"link-lat-us": 1.0, "o-us": 1.0, "fold-gbps": 80.0, "shm-gbps": 56.0, "shm-lat-us": 1.0}
 ALGORITHMS = {"all_reduce": ["recursive_doubling", "halving_doubling", "ring"]}
 
 
@@ -41,41 +44,83 @@ def simulate(sim, op, nbytes, nodes, per_node, scheme="chorus", algorithm=None, 
     return dict(zip(FIELDS, out.split(",")))
 
 
-def calibrate(args):
+def measured_rows(path):
+    """hosts_bench.sh --csv -> {(layout, op, bytes): median over the runs of chorus's median, us}."""
     rows = defaultdict(list)
-    for r in csv.DictReader(open(args.measured)):
+    for r in csv.DictReader(open(path)):
         if r["impl"] == "chorus":
             rows[(r["layout"], r["op"], int(r["bytes"]))].append(float(r["median_us"]))
+    return {k: statistics.median(v) for k, v in rows.items()}
+
+
+def predictions(sim, keys, terms):
+    """The testbed's prediction for each (layout, op, bytes), us, and the algorithm picked."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futs = []
+        for layout, op, b in keys:
+            h, r = (int(x) for x in layout.split("x"))
+            futs.append(pool.submit(simulate, sim, op, b, h, r, terms=dict(terms, testbed=2)))
+        return [(float(f.result()["seconds"]) * 1e6, f.result()["algorithm"]) for f in futs]
+
+
+def misfit(measured, predicted):
+    """The mean squared log ratio: a prediction 2x off weighs as much as one 2x under."""
+    return statistics.fmean(math.log(p / m) ** 2 for m, (p, _) in zip(measured, predicted))
+
+
+def fit(sim, keys, measured, terms, names):
+    """Coordinate search in log space, the factor halving when no term improves."""
+    best = misfit(measured, predictions(sim, keys, terms))
+    factor = 2.0
+    while factor > 1.04:
+        improved = False
+        for name in names:
+            for f in (factor, 1 / factor):
+                trial = dict(terms, **{name: float(terms[name]) * f})
+                m = misfit(measured, predictions(sim, keys, trial))
+                if m < best:
+                    best, terms, improved = m, trial, True
+        print(f"  fit: factor {factor:.3f}, rms log error {math.sqrt(best):.3f}", file=sys.stderr, flush=True)
+        if not improved:
+            factor = math.sqrt(factor)
+    return terms
+
+
+def calibrate(args):
+    measured = measured_rows(args.measured)
     terms = dict(VETH)
     for kv in args.terms or []:
         k, v = kv.split("=")
-        terms[k] = v
-    out, errors = [], []
-    jobs = []
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        for (layout, op, b), times in sorted(rows.items()):
-            h, r = (int(x) for x in layout.split("x"))
-            jobs.append(((layout, op, b, statistics.median(times)), pool.submit(simulate, args.sim, op, b, h, r,
-                                                                               terms=terms)))
-        for (layout, op, b, measured), fut in jobs:
-            got = fut.result()
-            predicted = float(got["seconds"]) * 1e6
-            err = (predicted - measured) / measured
-            errors.append(abs(err))
-            out.append({"layout": layout, "op": op, "bytes": b, "measured_us": f"{measured:.1f}",
-                        "predicted_us": f"{predicted:.1f}", "error_pct": f"{100 * err:+.0f}",
-                        "algorithm": got["algorithm"]})
+        terms[k] = float(v)
+    fit_on = set(args.fit_on.split(",")) if args.fit_on else set()
+    if fit_on:
+        keys = sorted(k for k in measured if k[0] in fit_on)
+        terms = fit(args.sim, keys, [measured[k] for k in keys], terms, [n for n in FITTED if n not in (args.keep or [])])
+    keys = sorted(measured)
+    got = predictions(args.sim, keys, terms)
+    out = []
+    for (layout, op, b), (predicted, algorithm) in zip(keys, got):
+        m = measured[(layout, op, b)]
+        out.append({"layout": layout, "op": op, "bytes": b, "measured_us": f"{m:.1f}", "predicted_us": f"{predicted:.1f}",
+                    "error_pct": f"{100 * (predicted - m) / m:+.0f}", "algorithm": algorithm,
+                    "fitted_on": "yes" if layout in fit_on else ""})
     path = os.path.join(args.out, "calibration.csv")
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(out[0]))
         w.writeheader()
         w.writerows(out)
-    within = sum(e <= 0.25 for e in errors)
-    print(f"| layout | op | bytes | measured µs | predicted µs | error | algorithm |\n|---|---|---:|---:|---:|---:|---|")
+    print("terms: " + " ".join(f"--{k} {float(v):.3g}" for k, v in terms.items()))
+    print("| layout | op | bytes | measured µs | predicted µs | error | algorithm |\n|---|---|---:|---:|---:|---:|---|")
     for o in out:
-        print(f"| {o['layout']} | {o['op']} | {o['bytes']} | {o['measured_us']} | {o['predicted_us']} | "
-              f"{o['error_pct']}% | {o['algorithm']} |")
-    print(f"\n{within} of {len(errors)} rows within 25%; median |error| {100 * statistics.median(errors):.0f}%")
+        print(f"| {o['layout']}{' (fit)' if o['fitted_on'] else ''} | {o['op']} | {o['bytes']} | {o['measured_us']} | "
+              f"{o['predicted_us']} | {o['error_pct']}% | {o['algorithm']} |")
+    print()
+    for layout in sorted({o["layout"] for o in out}):
+        for op in sorted({o["op"] for o in out}) + [None]:
+            errs = [abs(float(o["error_pct"])) for o in out if o["layout"] == layout and (op is None or o["op"] == op)]
+            if errs:
+                print(f"{layout}{' (fitted on)' if layout in fit_on else ''} {op or 'every op'}: "
+                      f"{sum(e <= 25 for e in errs)} of {len(errs)} within 25%, median |error| {statistics.median(errs):.0f}%")
     plot_calibration(out, os.path.join(args.out, "calibration.png"))
 
 
@@ -201,7 +246,9 @@ def main():
     ap.add_argument("--sim", default=os.path.join(ROOT, "build", "bench", "chorus-sim"))
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "img"))
     ap.add_argument("--quick", action="store_true", help="fewer node counts and ranks per node")
-    ap.add_argument("--terms", nargs="*", help="calibration terms, e.g. link-gbps=8 o-us=6")
+    ap.add_argument("--terms", nargs="*", help="calibration terms to start from, e.g. link-gbps=8 o-us=6")
+    ap.add_argument("--fit-on", help="layouts whose rows fit the terms (e.g. 2x2); the others check them")
+    ap.add_argument("--keep", nargs="*", help="terms the fit leaves as given (measured ones)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     if args.what in ("calibrate", "all"):

@@ -24,6 +24,11 @@
 //   --shm-gbps, --shm-lat-us     a node's shared memory per rank (bus bandwidth) and step latency
 //   --cost-alpha-us, --cost-gbps the network terms chorus's cost model picks with (default: what
 //                                the platform gives a message between two nodes)
+//   --testbed CORES              instead of a fat tree, the namespace hosts of bench/hosts_bench.sh:
+//                                every rank on one machine of CORES cores, whose kernel carries
+//                                every message between hosts (one link, both directions sharing
+//                                --link-gbps), and the ranks' own time (--o-us, folds, copies,
+//                                shared memory) is work on those cores, one rank per actor
 // Prints: op,bytes,nodes,ranks_per_node,scheme,algorithm,seconds,busbw_GBps
 #include <simgrid/s4u.hpp>
 
@@ -50,7 +55,19 @@ struct Terms {
   double link_gbps = 10, link_lat_us = 10, o_us = 2, fold_gbps = 40, shm_gbps = 40, shm_lat_us = 2;
   double cost_alpha_us = -1, cost_gbps = -1;
   bool shared_links = false;  // both directions of a link share its bandwidth (one CPU copying both ways)
+  int testbed_cores = 0;      // > 0: --testbed
 };
+
+constexpr double kSpeed = 1e9;  // every host's flop/s: `seconds` of a rank's own time are seconds * kSpeed flops
+
+// A rank's own time: its own core's on a fat tree; on the testbed, work that shares the cores.
+void busy(const Terms& t, double seconds) {
+  if (seconds <= 0) return;
+  if (t.testbed_cores)
+    sg4::this_actor::execute(seconds * kSpeed);
+  else
+    sg4::this_actor::sleep_for(seconds);
+}
 
 int token;  // every message's payload: only its simulated size matters
 
@@ -67,7 +84,7 @@ class SimLinks : public Links {
   void exchange(const std::vector<Move>& moves) override {
     std::vector<sg4::CommPtr> comms;
     size_t folded = 0;
-    sg4::this_actor::sleep_for(double(moves.size()) * t_.o_us * 1e-6);
+    busy(t_, double(moves.size()) * t_.o_us * 1e-6);
     for (const auto& m : moves) {
       const int me = id(rank_), peer = id(m.peer);
       if (m.send) {
@@ -81,14 +98,10 @@ class SimLinks : public Links {
       }
     }
     sg4::Comm::wait_all(comms);
-    if (folded) sg4::this_actor::sleep_for(double(folded) * scale_ * 8 / (t_.fold_gbps * 1e9));
+    if (folded) busy(t_, double(folded) * scale_ * 8 / (t_.fold_gbps * 1e9));
   }
-  void copy(Span from, Span) override {
-    sg4::this_actor::sleep_for(double(from.bytes) * scale_ * 8 / (t_.shm_gbps * 1e9));
-  }
-  void fold(Span into, Span) override {
-    sg4::this_actor::sleep_for(double(into.bytes) * scale_ * 8 / (t_.fold_gbps * 1e9));
-  }
+  void copy(Span from, Span) override { busy(t_, double(from.bytes) * scale_ * 8 / (t_.shm_gbps * 1e9)); }
+  void fold(Span into, Span) override { busy(t_, double(into.bytes) * scale_ * 8 / (t_.fold_gbps * 1e9)); }
   void reserve_tmp(size_t) override {}
 
  private:
@@ -101,14 +114,27 @@ class SimLinks : public Links {
 
 // Steps inside a node: shared memory moving `bytes` per rank in `calls` calls.
 void shm_step(const Terms& t, double bytes, int calls = 1) {
-  sg4::this_actor::sleep_for(calls * t.shm_lat_us * 1e-6 + bytes * 8 / (t.shm_gbps * 1e9));
+  busy(t, calls * t.shm_lat_us * 1e-6 + bytes * 8 / (t.shm_gbps * 1e9));
 }
 
 // The fat tree of N nodes: 32 per leaf switch, each leaf with one uplink to each spine (non-blocking).
+// On the testbed: one host, and the kernel's link from it to itself.
 std::string platform(int nodes, const Terms& t) {
   char path[] = "/tmp/chorus-sim-XXXXXX";
   const int fd = mkstemp(path);
   if (fd >= 0) close(fd);
+  if (t.testbed_cores) {
+    std::ofstream xml(path);
+    xml << "<?xml version='1.0'?>\n<!DOCTYPE platform SYSTEM \"https://simgrid.org/simgrid.dtd\">\n"
+        << "<platform version=\"4.1\">\n<zone id=\"testbed\" routing=\"Full\">\n<host id=\"machine\" speed=\"1Gf\" "
+           "core=\""
+        << t.testbed_cores << "\"/>\n<link id=\"kernel\" bandwidth=\"" << t.link_gbps << "Gbps\" latency=\""
+        << t.link_lat_us
+        << "us\" sharing_policy=\"SHARED\"/>\n<route src=\"machine\" dst=\"machine\"><link_ctn "
+           "id=\"kernel\"/></route>\n"
+        << "</zone>\n</platform>\n";
+    return path;
+  }
   const int per_leaf = std::min(nodes, 32), leaves = (nodes + per_leaf - 1) / per_leaf;
   std::ofstream xml(path);
   xml << "<?xml version='1.0'?>\n<!DOCTYPE platform SYSTEM \"https://simgrid.org/simgrid.dtd\">\n"
@@ -176,6 +202,8 @@ int main(int argc, char** argv) {
       t.cost_gbps = std::atof(v);
     else if (k == "--link-sharing")
       t.shared_links = std::string(v) == "shared";
+    else if (k == "--testbed")
+      t.testbed_cores = std::atoi(v);
     else {
       std::fprintf(stderr, "chorus-sim: unknown option %s\n", k.c_str());
       return 2;
@@ -186,11 +214,12 @@ int main(int argc, char** argv) {
   engine.load_platform(xml);
   std::remove(xml.c_str());
   std::vector<sg4::Host*> hosts(static_cast<size_t>(nodes));
-  for (int n = 0; n < nodes; ++n) hosts[size_t(n)] = engine.host_by_name("node-" + std::to_string(n));
+  for (int n = 0; n < nodes; ++n)
+    hosts[size_t(n)] = engine.host_by_name(t.testbed_cores ? "machine" : "node-" + std::to_string(n));
 
   // chorus's cost model, with the terms a message between two nodes sees (or those given).
   NetCost cost;
-  const int hops = nodes > 32 ? 4 : 2;
+  const int hops = t.testbed_cores ? 1 : nodes > 32 ? 4 : 2;
   cost.alpha = (t.cost_alpha_us > 0 ? t.cost_alpha_us : hops * t.link_lat_us) * 1e-6;
   cost.beta = 8.0 / ((t.cost_gbps > 0 ? t.cost_gbps : t.link_gbps) * 1e9);
   cost.gamma = 8.0 / (t.fold_gbps * 1e9);
@@ -209,50 +238,69 @@ int main(int argc, char** argv) {
     if (op == OpKind::Broadcast && !small && L > 1) slice = bytes / size_t(L);
     const Algorithm a = op == OpKind::Barrier ? Algorithm::Binomial : choose(op, slice, nodes, cost, force);
     algorithm = op == OpKind::Barrier ? "dissemination" : algorithm_name(a);
-    const size_t carried = slice * size_t(L);  // every slice's bytes on this node's links
-    for (int n = 0; n < nodes; ++n)
-      sg4::Actor::create("node-" + std::to_string(n), hosts[size_t(n)], [=] {
-        SimLinks links(n, nodes, t, 1.0 / L);
-        // Note [Comparing calls]: first the whole group compares the call, a max-reduction of 24
-        // bytes by recursive doubling over every rank (its rounds inside a node over loopback).
-        if (L > 1) sg4::this_actor::sleep_for(std::ceil(std::log2(double(L))) * (2 * t.o_us + t.shm_lat_us) * 1e-6);
-        if (nodes > 1) {
-          SimLinks check(n, nodes, t, 1.0);
-          all_reduce(check, 3, 8, Algorithm::RecursiveDoubling);
-        }
-        switch (op) {
-          case OpKind::AllReduce:
-            if (L > 1) shm_step(t, small ? 2.0 * bytes * (L - 1) / L : double(bytes) * (L - 1) / L);
-            if (nodes > 1) all_reduce(links, carried / elem, elem, a);
-            if (L > 1 && !small) shm_step(t, double(bytes) * (L - 1) / L);
-            break;
-          case OpKind::Broadcast:
-            if (small) {  // the root's slice alone crosses
-              SimLinks one(n, nodes, t, 1.0);
-              if (nodes > 1) broadcast(one, bytes, 0, a, chain_segments(slice, nodes, cost));
-              if (L > 1) shm_step(t, double(bytes));
-            } else {
-              if (L > 1 && n == 0) shm_step(t, double(bytes));
-              if (nodes > 1) broadcast(links, carried, 0, a, chain_segments(slice, nodes, cost));
-              if (L > 1 && n != 0) shm_step(t, double(bytes) * (L - 1) / L);
-            }
-            break;
-          case OpKind::AllGather:
-            if (nodes > 1) all_gather(links, carried, a);
-            if (L > 1 && bytes * size_t(P) < (64 << 10))  // one call, then the blocks put in order
-              shm_step(t, double(bytes) * nodes * (L - 1) + double(bytes) * P);
-            else if (L > 1)  // a call per node's blocks, straight into place
-              shm_step(t, double(bytes) * nodes * (L - 1), nodes);
-            break;
-          case OpKind::ReduceScatter:
-            if (L > 1) shm_step(t, double(bytes) * P + double(bytes) * nodes * (L - 1));  // the reorder, then in-node
-            if (nodes > 1) reduce_scatter(links, carried / elem, elem, a);
-            break;
-          default:
-            if (L > 1) shm_step(t, 0);
-            if (nodes > 1) barrier(links);
-        }
-      });
+    // One actor's steps of the op: `links` between the nodes, carrying `carried` bytes of slices;
+    // `root_slice` the links of the slice that alone crosses in a small broadcast (null: not this
+    // actor's).
+    auto steps = [=](int n, SimLinks& links, SimLinks* root_slice, size_t carried) {
+      switch (op) {
+        case OpKind::AllReduce:
+          if (L > 1) shm_step(t, small ? 2.0 * bytes * (L - 1) / L : double(bytes) * (L - 1) / L);
+          if (nodes > 1) all_reduce(links, carried / elem, elem, a);
+          if (L > 1 && !small) shm_step(t, double(bytes) * (L - 1) / L);
+          break;
+        case OpKind::Broadcast:
+          if (small) {
+            if (nodes > 1 && root_slice) broadcast(*root_slice, bytes, 0, a, chain_segments(slice, nodes, cost));
+            if (L > 1) shm_step(t, double(bytes));
+          } else {
+            if (L > 1 && n == 0) shm_step(t, double(bytes));
+            if (nodes > 1) broadcast(links, carried, 0, a, chain_segments(slice, nodes, cost));
+            if (L > 1 && n != 0) shm_step(t, double(bytes) * (L - 1) / L);
+          }
+          break;
+        case OpKind::AllGather:
+          if (nodes > 1) all_gather(links, carried, a);
+          if (L > 1 && bytes * size_t(P) < (64 << 10))  // one call, then the blocks put in order
+            shm_step(t, double(bytes) * nodes * (L - 1) + double(bytes) * P);
+          else if (L > 1)  // a call per node's blocks, straight into place
+            shm_step(t, double(bytes) * nodes * (L - 1), nodes);
+          break;
+        case OpKind::ReduceScatter:
+          if (L > 1) shm_step(t, double(bytes) * P + double(bytes) * nodes * (L - 1));  // the reorder, then in-node
+          if (nodes > 1) reduce_scatter(links, carried / elem, elem, a);
+          break;
+        default:
+          if (L > 1) shm_step(t, 0);
+          if (nodes > 1) barrier(links);
+      }
+    };
+    if (t.testbed_cores) {
+      // Every rank an actor: its slice's links between the nodes, and the group's compare of the
+      // call (Note [Comparing calls]: a max-reduction of 24 bytes by recursive doubling over
+      // every rank) through the same kernel.
+      for (int n = 0; n < nodes; ++n)
+        for (int i = 0; i < L; ++i)
+          sg4::Actor::create("rank-" + std::to_string(n * L + i), hosts[size_t(n)], [=] {
+            std::vector<int> ids;
+            for (int m = 0; m < nodes; ++m) ids.push_back(m * L + i);
+            SimLinks links(n, nodes, t, 1.0, ids), check(n * L + i, P, t, 1.0);
+            if (P > 1) all_reduce(check, 3, 8, Algorithm::RecursiveDoubling);
+            steps(n, links, i == 0 ? &links : nullptr, slice);
+          });
+    } else {
+      // One actor per node carries its L slices: L times a slice's bytes on the node's links.
+      for (int n = 0; n < nodes; ++n)
+        sg4::Actor::create("node-" + std::to_string(n), hosts[size_t(n)], [=] {
+          SimLinks links(n, nodes, t, 1.0 / L), one(n, nodes, t, 1.0);
+          // The compare's rounds inside a node over shared memory, then between the nodes.
+          if (L > 1) busy(t, std::ceil(std::log2(double(L))) * (2 * t.o_us + t.shm_lat_us) * 1e-6);
+          if (nodes > 1) {
+            SimLinks check(n, nodes, t, 1.0);
+            all_reduce(check, 3, 8, Algorithm::RecursiveDoubling);
+          }
+          steps(n, links, &one, slice * size_t(L));
+        });
+    }
   } else if (scheme == "two_level") {
     for (int n = 0; n < nodes; ++n)
       sg4::Actor::create("node-" + std::to_string(n), hosts[size_t(n)], [=] {
