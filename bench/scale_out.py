@@ -5,7 +5,7 @@ that the algorithm chorus's cost model picks is the one the simulation finds fas
 
   bench/scale_out.py calibrate MEASURED.csv [--terms ...]   prediction vs measurement, per row
   bench/scale_out.py predict [--quick]                      the sweep, its CSV and plots
-  bench/scale_out.py all MEASURED.csv                       both (what docs/scale-out.md shows)
+  bench/scale_out.py all MEASURED.csv                       both
 
 MEASURED.csv is hosts_bench.sh --csv's output. Plots and CSVs go to docs/img (--out)."""
 import argparse
@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIELDS = ["op", "bytes", "nodes", "ranks_per_node", "scheme", "algorithm", "seconds", "busbw_GBps", "rank0_seconds"]
 # This machine's namespace hosts (chorus-sim --testbed 2), as the fit to bench/hosts_bench.sh's
-# 2 hosts x 2 ranks of 2026-11-26 left them (docs/scale-out.md, "Calibration"): the veth/bridge
+# 2 hosts x 2 ranks of 2026-11-26 left them (calibrate --fit-on 2x2): the veth/bridge
 # "network" is the kernel copying between the namespaces on the same 2 cores. The cost model
 # chooses with what the tcp engine measured on them (CHORUS_LOG_LEVEL=1 prints it: alpha about
 # 6.5 us, 15 Gb/s), as the runs did; the fit leaves those two alone.

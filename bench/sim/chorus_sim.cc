@@ -16,7 +16,7 @@
 //                binomial broadcast)
 //   two_level    NCCL-like: each node reduces to one leader (shared memory), the leaders run a
 //                ring all_reduce of the whole buffer, each leader broadcasts in its node
-// Terms (defaults: this machine's veth between namespaces, docs/scale-out.md):
+// Terms (bench/scale_out.py holds this machine's, fitted to its namespace hosts):
 //   --link-gbps, --link-lat-us   each fat-tree link (a route crosses 2 or 4)
 //   --link-sharing               splitduplex (default: each direction its own bandwidth) or shared
 //   --o-us                       a rank's own time per message it sends or receives
