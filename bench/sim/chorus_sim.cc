@@ -191,6 +191,16 @@ int main(int argc, char** argv) {
   size_t bytes = 8;
   std::string op_name = "all_reduce", scheme = "chorus", forced;
   Terms t;
+  const std::map<std::string, double*> terms = {{"--link-gbps", &t.link_gbps},
+                                                {"--link-lat-us", &t.link_lat_us},
+                                                {"--o-us", &t.o_us},
+                                                {"--fold-gbps", &t.fold_gbps},
+                                                {"--shm-gbps", &t.shm_gbps},
+                                                {"--shm-lat-us", &t.shm_lat_us},
+                                                {"--cost-alpha-us", &t.cost_alpha_us},
+                                                {"--cost-gbps", &t.cost_gbps},
+                                                {"--kernel-copy-gbps", &t.kernel_copy_gbps},
+                                                {"--socket-buffer-kib", &t.socket_buffer_kib}};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const char* v = argv[i + 1];
@@ -206,30 +216,12 @@ int main(int argc, char** argv) {
       scheme = v;
     else if (k == "--algorithm")
       forced = v;
-    else if (k == "--link-gbps")
-      t.link_gbps = std::atof(v);
-    else if (k == "--link-lat-us")
-      t.link_lat_us = std::atof(v);
-    else if (k == "--o-us")
-      t.o_us = std::atof(v);
-    else if (k == "--fold-gbps")
-      t.fold_gbps = std::atof(v);
-    else if (k == "--shm-gbps")
-      t.shm_gbps = std::atof(v);
-    else if (k == "--shm-lat-us")
-      t.shm_lat_us = std::atof(v);
-    else if (k == "--cost-alpha-us")
-      t.cost_alpha_us = std::atof(v);
-    else if (k == "--cost-gbps")
-      t.cost_gbps = std::atof(v);
+    else if (auto it = terms.find(k); it != terms.end())
+      *it->second = std::atof(v);
     else if (k == "--link-sharing")
       t.shared_links = std::string(v) == "shared";
     else if (k == "--testbed")
       t.testbed_cores = std::atoi(v);
-    else if (k == "--kernel-copy-gbps")
-      t.kernel_copy_gbps = std::atof(v);
-    else if (k == "--socket-buffer-kib")
-      t.socket_buffer_kib = std::atof(v);
     else {
       std::fprintf(stderr, "chorus-sim: unknown option %s\n", k.c_str());
       return 2;
