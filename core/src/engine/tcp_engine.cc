@@ -42,7 +42,7 @@ class MeshLinks : public net::Links {
       t.send = m.send;
       t.data = at(m.span);
       t.bytes = m.span.bytes;
-      if (m.fold) t.fold = fold_, t.fold_into = at(m.into), t.elem = elem_;
+      if (m.fold) t.fold = fold_, t.fold_into = at(m.into), t.fold_from = at(m.from), t.elem = elem_;
       transfers_.push_back(t);
     }
     mesh_.run(transfers_, deadline_);
@@ -50,8 +50,8 @@ class MeshLinks : public net::Links {
   void copy(net::Span from, net::Span to) override {
     if (at(from) != at(to) && from.bytes) std::memmove(at(to), at(from), from.bytes);
   }
-  void fold(net::Span into, net::Span other) override {
-    if (into.bytes) (*fold_)(at(into), at(into), at(other), into.bytes / elem_);
+  void fold(net::Span into, net::Span from, net::Span other) override {
+    if (into.bytes) (*fold_)(at(into), at(from), at(other), into.bytes / elem_);
   }
   void reserve_tmp(size_t bytes) override {
     if (tmp_.size() < bytes) tmp_.resize(bytes);

@@ -10,7 +10,9 @@ Span out(size_t offset, size_t bytes) { return {Buf::Out, offset, bytes}; }
 Span tmp(size_t offset, size_t bytes) { return {Buf::Tmp, offset, bytes}; }
 Move send(int peer, Span s) { return {peer, true, s, false, {}}; }
 Move recv(int peer, Span s) { return {peer, false, s, false, {}}; }
-Move recv_fold(int peer, Span land, Span into) { return {peer, false, land, true, into}; }
+Move recv_fold(int peer, Span land, Span into) { return {peer, false, land, true, into, into}; }
+// into = from op what arrives: the first fold of a span whose data still lies in `from`.
+Move recv_fold_from(int peer, Span land, Span into, Span from) { return {peer, false, land, true, into, from}; }
 
 // The first element of block i of P over count elements (blocks differ by one at most).
 size_t edge(size_t count, int p, int i) { return count * size_t(i) / size_t(p); }
@@ -28,13 +30,15 @@ struct PowerOfTwo {
   int real(int virt) const { return virt < extra ? 2 * virt + 1 : virt + extra; }
 };
 
-void fold_in_extras(Links& l, const PowerOfTwo& q, size_t bytes) {
+// all_reduce starts with this rank's data in In and nothing in Out; each span's first fold reads
+// In, and afterwards the span is Out's. `whole` says whether all of Out has been written.
+void fold_in_extras(Links& l, const PowerOfTwo& q, size_t bytes, bool* whole) {
   const int r = l.rank();
   if (r >= 2 * q.extra) return;
   if (q.v < 0)
-    l.exchange({send(r + 1, out(0, bytes))});
+    l.exchange({send(r + 1, in(0, bytes))});
   else
-    l.exchange({recv_fold(r - 1, tmp(0, bytes), out(0, bytes))});
+    l.exchange({recv_fold_from(r - 1, tmp(0, bytes), out(0, bytes), in(0, bytes))}), *whole = true;
 }
 
 void hand_back_to_extras(Links& l, const PowerOfTwo& q, size_t bytes) {
@@ -46,12 +50,15 @@ void hand_back_to_extras(Links& l, const PowerOfTwo& q, size_t bytes) {
 void all_reduce_doubling(Links& l, size_t bytes) {
   const PowerOfTwo q(l.rank(), l.size());
   l.reserve_tmp(bytes);
-  fold_in_extras(l, q, bytes);
+  bool whole = false;
+  fold_in_extras(l, q, bytes, &whole);
   if (q.v >= 0)
     for (int mask = 1; mask < q.p2; mask <<= 1) {
-      // Out is being sent: what arrives is folded in only after the exchange.
-      l.exchange({send(q.real(q.v ^ mask), out(0, bytes)), recv(q.real(q.v ^ mask), tmp(0, bytes))});
-      l.fold(out(0, bytes), tmp(0, bytes));
+      // The data is being sent: what arrives is folded in only after the exchange.
+      const Span mine = whole ? out(0, bytes) : in(0, bytes);
+      l.exchange({send(q.real(q.v ^ mask), mine), recv(q.real(q.v ^ mask), tmp(0, bytes))});
+      l.fold(out(0, bytes), mine, tmp(0, bytes));
+      whole = true;
     }
   hand_back_to_extras(l, q, bytes);
 }
@@ -60,7 +67,8 @@ void all_reduce_halving(Links& l, size_t count, size_t elem) {
   const PowerOfTwo q(l.rank(), l.size());
   const size_t bytes = count * elem;
   l.reserve_tmp(bytes);
-  fold_in_extras(l, q, bytes);
+  bool whole = false;
+  fold_in_extras(l, q, bytes, &whole);
   if (q.v >= 0) {
     // Halving: at each level keep one half of the range and send the other to the partner, who
     // keeps that one. The ranges are remembered for the doubling that retraces them.
@@ -74,9 +82,12 @@ void all_reduce_halving(Links& l, size_t count, size_t elem) {
       const bool lower = (q.v & mask) == 0;
       const size_t keep_lo = lower ? lo : mid, keep_hi = lower ? mid : hi;
       const size_t give_lo = lower ? mid : lo, give_hi = lower ? hi : mid;
+      // The first level reads In (unless the extras' data was folded into Out); the rest lie in
+      // the half that level kept, in Out.
+      const Buf src = whole || mask > 1 ? Buf::Out : Buf::In;
       const Span keep = out(keep_lo * elem, (keep_hi - keep_lo) * elem);
-      l.exchange({send(q.real(q.v ^ mask), out(give_lo * elem, (give_hi - give_lo) * elem)),
-                  recv_fold(q.real(q.v ^ mask), tmp(0, keep.bytes), keep)});
+      l.exchange({send(q.real(q.v ^ mask), {src, give_lo * elem, (give_hi - give_lo) * elem}),
+                  recv_fold_from(q.real(q.v ^ mask), tmp(0, keep.bytes), keep, {src, keep.offset, keep.bytes})});
       lo = keep_lo, hi = keep_hi;
     }
     for (int mask = q.p2 / 2; mask >= 1; mask /= 2) {  // doubling: swap halves back, level by level
@@ -93,11 +104,16 @@ void all_reduce_halving(Links& l, size_t count, size_t elem) {
 
 void all_reduce_ring(Links& l, size_t count, size_t elem) {
   const int p = l.size(), r = l.rank(), next = (r + 1) % p, prev = (r + p - 1) % p;
-  auto chunk = [&](int i) { return out(edge(count, p, i) * elem, (edge(count, p, i + 1) - edge(count, p, i)) * elem); };
+  auto chunk = [&](int i, Buf b = Buf::Out) {
+    return Span{b, edge(count, p, i) * elem, (edge(count, p, i + 1) - edge(count, p, i)) * elem};
+  };
   l.reserve_tmp((count / size_t(p) + 1) * elem);
-  for (int s = 0; s < p - 1; ++s) {  // reduce-scatter: chunk (r + 1) % p ends complete here
-    const Span mine = chunk((r - s + p) % p), theirs = chunk((r - s - 1 + p) % p);
-    l.exchange({send(next, mine), recv_fold(prev, tmp(0, theirs.bytes), theirs)});
+  // reduce-scatter: chunk (r + 1) % p ends complete here. Each chunk is folded once, from In; the
+  // one sent at step s > 0 is the one folded at step s - 1.
+  for (int s = 0; s < p - 1; ++s) {
+    const int m = (r - s + p) % p, t = (r - s - 1 + p) % p;
+    l.exchange({send(next, chunk(m, s == 0 ? Buf::In : Buf::Out)),
+                recv_fold_from(prev, tmp(0, chunk(t).bytes), chunk(t), chunk(t, Buf::In))});
   }
   for (int s = 0; s < p - 1; ++s)  // all-gather of the complete chunks
     l.exchange({send(next, chunk((r + 1 - s + p) % p)), recv(prev, chunk((r - s + p) % p))});
@@ -116,10 +132,10 @@ void reduce_scatter_ring(Links& l, size_t count, size_t elem) {
     const Span outgoing = s == 0 ? in(size_t(sent) * b, b) : tmp(size_t(cur) * b, b);
     const Span landing = tmp(size_t(1 - cur) * b, b);
     l.exchange({send(next, outgoing), recv(prev, landing)});
-    l.fold(landing, in(size_t(arriving) * b, b));
+    // The last partial is this rank's block: it is summed straight into Out.
+    l.fold(s == p - 2 ? out(0, b) : landing, landing, in(size_t(arriving) * b, b));
     cur = 1 - cur;
   }
-  l.copy(tmp(size_t(cur) * b, b), out(0, b));  // the last partial is this rank's block
 }
 
 void reduce_scatter_direct(Links& l, size_t count, size_t elem) {
@@ -136,10 +152,9 @@ void reduce_scatter_direct(Links& l, size_t count, size_t elem) {
   l.exchange(moves);
   // In the ring's order (rank r + 1 first, this rank's own block last), so that direct and ring
   // give the same bits.
-  auto block_of = [&](int q) { return tmp(size_t(q < r ? q : q - 1) * b, b); };
-  l.copy(block_of((r + 1) % p), out(0, b));
-  for (int q = (r + 2) % p; q != r; q = (q + 1) % p) l.fold(out(0, b), block_of(q));
-  l.fold(out(0, b), in(size_t(r) * b, b));
+  auto block_of = [&](int q) { return q == r ? in(size_t(r) * b, b) : tmp(size_t(q < r ? q : q - 1) * b, b); };
+  l.fold(out(0, b), block_of((r + 1) % p), block_of((r + 2) % p));
+  for (int q = (r + 3) % p; q != (r + 1) % p; q = (q + 1) % p) l.fold(out(0, b), block_of(q));
 }
 
 void all_gather_ring(Links& l, size_t b) {
@@ -234,8 +249,7 @@ bool parse_algorithm(const std::string& name, Algorithm* out) {
 }
 
 void all_reduce(Links& l, size_t count, size_t elem, Algorithm a) {
-  l.copy(in(0, count * elem), out(0, count * elem));
-  if (l.size() == 1) return;
+  if (l.size() == 1) return l.copy(in(0, count * elem), out(0, count * elem));
   if (a == Algorithm::Ring) return all_reduce_ring(l, count, elem);
   if (a == Algorithm::HalvingDoubling && count >= size_t(l.size())) return all_reduce_halving(l, count, elem);
   all_reduce_doubling(l, count * elem);

@@ -30,13 +30,14 @@ struct Span {
   size_t offset = 0, bytes = 0;
 };
 // One message of an exchange. A receive with `fold` combines what arrives into `into`
-// (into = into op received) as it arrives; `span` is where it lands first.
+// (into = from op received, `from` a span of into's size: into itself, or where this rank's own
+// data still lies before the first fold) as it arrives; `span` is where it lands first.
 struct Move {
   int peer = -1;
   bool send = false;
   Span span;
   bool fold = false;
-  Span into;
+  Span into, from;
 };
 
 class Links {
@@ -48,8 +49,9 @@ class Links {
   virtual void exchange(const std::vector<Move>& moves) = 0;
   // Copies between spans of equal size (nothing when they are the same memory).
   virtual void copy(Span from, Span to) = 0;
-  // into = into op other, element-wise.
-  virtual void fold(Span into, Span other) = 0;
+  // into = from op other, element-wise (`from` may be `into`).
+  virtual void fold(Span into, Span from, Span other) = 0;
+  void fold(Span into, Span other) { fold(into, into, other); }
   // Tmp holds at least `bytes` from now on (its contents are not kept).
   virtual void reserve_tmp(size_t bytes) = 0;
 };
@@ -69,6 +71,7 @@ const char* algorithm_name(Algorithm a);
 bool parse_algorithm(const std::string& name, Algorithm* out);
 
 // In and Out may be the same memory for all_reduce and broadcast (count elements of elem bytes).
+// all_reduce reads In where it first folds, so Out is written once and never copied from In.
 void all_reduce(Links& l, size_t count, size_t elem, Algorithm a);
 // In: P blocks of count elements; Out: this rank's block of their reduction.
 void reduce_scatter(Links& l, size_t count, size_t elem, Algorithm a);

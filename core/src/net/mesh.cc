@@ -28,7 +28,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr uint64_t kMagic = 0x63686f7275734d31ULL;  // "chorusM1"
 constexpr size_t kHeader = 2 * sizeof(uint64_t);
-constexpr size_t kFoldGrain = 64 << 10;  // fold what arrived once this much is waiting
+constexpr size_t kFoldGrain = 64 << 10;   // fold what arrived once this much is waiting
+constexpr size_t kWakeGrain = 256 << 10;  // Note [Waking for bytes]
 
 // What a connecting rank says first: who it is, on which channel, and the token the listener
 // published (a stray connection cannot take a rank's place).
@@ -94,7 +95,7 @@ bool read_exact(int fd, void* buf, size_t n, Clock::time_point deadline) {
 }  // namespace
 
 Mesh::Mesh(Store& store, int rank, int size, Clock::time_point deadline)
-    : rank_(rank), size_(size), fds_(size_t(size) * kChannels, -1) {
+    : rank_(rank), size_(size), fds_(size_t(size) * kChannels, -1), lowat_(fds_.size(), 1) {
   wake_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   try {
     connect(store, deadline);
@@ -260,10 +261,24 @@ bool Mesh::advance(Transfer& t) {
     t.done += got;
     if (t.fold && (t.done - t.folded >= kFoldGrain || t.done == t.bytes)) {
       const size_t upto = t.done - t.done % t.elem;
-      (*t.fold)(t.fold_into + t.folded, t.fold_into + t.folded, t.data + t.folded, (upto - t.folded) / t.elem);
+      const uint8_t* from = t.fold_from ? t.fold_from : t.fold_into;
+      (*t.fold)(t.fold_into + t.folded, from + t.folded, t.data + t.folded, (upto - t.folded) / t.elem);
       t.folded = upto;
     }
   }
+}
+
+// Note [Waking for bytes]: a receive of many bytes would wake this rank for every few packets
+// that land (a poll, a recv and a context switch each; with more ranks than cores, a core
+// changing hands each time). While more than kWakeGrain bytes are still due, the socket's
+// SO_RCVLOWAT asks the kernel to wake it only once kWakeGrain have arrived; for the last ones,
+// and after the call, it is back to one byte, so no poll ever waits for bytes that will not come.
+// A closed connection still wakes it at once.
+void Mesh::wake_after(const Transfer& t, int bytes) {
+  const size_t at = size_t(t.peer) * kChannels + size_t(t.channel);
+  if (lowat_[at] == bytes) return;
+  setsockopt(fds_[at], SOL_SOCKET, SO_RCVLOWAT, &bytes, sizeof bytes);
+  lowat_[at] = bytes;
 }
 
 void Mesh::run(std::vector<Transfer>& ts, Clock::time_point deadline) {
@@ -272,6 +287,14 @@ void Mesh::run(std::vector<Transfer>& ts, Clock::time_point deadline) {
     t.header[1] = t.send ? t.bytes : 0;
     t.header_done = t.done = t.folded = 0;
   }
+  struct Reset {  // every socket back to waking for one byte, however the call ends
+    Mesh& m;
+    std::vector<Transfer>& ts;
+    ~Reset() {
+      for (const auto& t : ts)
+        if (!t.send) m.wake_after(t, 1);
+    }
+  } reset{*this, ts};
   std::vector<pollfd> pfds;
   std::vector<size_t> waiting;
   for (;;) {
@@ -280,7 +303,11 @@ void Mesh::run(std::vector<Transfer>& ts, Clock::time_point deadline) {
       if (!advance(ts[i])) waiting.push_back(i);
     if (waiting.empty()) return;
     pfds.clear();
-    for (size_t i : waiting) pfds.push_back({fd(ts[i].peer, ts[i].channel), short(ts[i].send ? POLLOUT : POLLIN), 0});
+    for (size_t i : waiting) {
+      const Transfer& t = ts[i];
+      if (!t.send) wake_after(t, kHeader - t.header_done + t.bytes - t.done > kWakeGrain ? int(kWakeGrain) : 1);
+      pfds.push_back({fd(t.peer, t.channel), short(t.send ? POLLOUT : POLLIN), 0});
+    }
     pfds.push_back({wake_, POLLIN, 0});
     const int ready = poll(pfds.data(), pfds.size(), millis_until(deadline));
     check_interrupt(pfds.back().revents & POLLIN);

@@ -28,8 +28,8 @@ enum class Channel : uint8_t { Collective = 0, Data = 1, Reply = 2 };
 constexpr int kChannels = 3;
 
 // One message to send or receive, progressed by Mesh::run. A receive may fold what arrives into
-// `fold_into` as it arrives (fold(fold_into, fold_into, data, n elements of `elem` bytes)), so the
-// reduction overlaps the network.
+// `fold_into` as it arrives (fold(fold_into, fold_from, data, n elements of `elem` bytes), where
+// fold_from is fold_into unless set), so the reduction overlaps the network.
 struct Transfer {
   int peer = -1;
   bool send = false;
@@ -37,7 +37,7 @@ struct Transfer {
   size_t bytes = 0;
   Channel channel = Channel::Collective;
   std::function<void(void* out, const void* a, const void* b, size_t n)> const* fold = nullptr;
-  uint8_t* fold_into = nullptr;
+  uint8_t *fold_into = nullptr, *fold_from = nullptr;
   size_t elem = 1;
   // progress, kept by Mesh::run
   uint64_t header[2] = {0, 0};
@@ -78,11 +78,14 @@ class Mesh {
   // One step of t on its socket: false when it would block. Throws on failure.
   bool advance(Transfer& t);
   void check_interrupt(bool readable) const;
+  // Sets t's socket's SO_RCVLOWAT (Note [Waking for bytes]).
+  void wake_after(const Transfer& t, int bytes);
   [[noreturn]] void broken(const Transfer& t, const std::string& why) const;
 
   const int rank_, size_;
-  std::vector<int> fds_;  // [peer][channel], -1 for this rank
-  int wake_ = -1;         // eventfd, readable once interrupted
+  std::vector<int> fds_;    // [peer][channel], -1 for this rank
+  std::vector<int> lowat_;  // each socket's SO_RCVLOWAT (Note [Waking for bytes])
+  int wake_ = -1;           // eventfd, readable once interrupted
   std::string address_;
   std::vector<std::string> hosts_;
 };
