@@ -123,7 +123,7 @@ class SimLinks : public Links {
     if (folded) busy(t_, double(folded) * scale_ * 8 / (t_.fold_gbps * 1e9));
   }
   void copy(Span from, Span) override { busy(t_, double(from.bytes) * scale_ * 8 / (t_.shm_gbps * 1e9)); }
-  void fold(Span into, Span) override { busy(t_, double(into.bytes) * scale_ * 8 / (t_.fold_gbps * 1e9)); }
+  void fold(Span into, Span, Span) override { busy(t_, double(into.bytes) * scale_ * 8 / (t_.fold_gbps * 1e9)); }
   void reserve_tmp(size_t) override {}
 
  private:
@@ -254,7 +254,10 @@ int main(int argc, char** argv) {
     size_t slice = bytes;
     if (op == OpKind::AllReduce && !small && L > 1) slice = bytes / size_t(L);
     if (op == OpKind::Broadcast && !small && L > 1) slice = bytes / size_t(L);
-    const Algorithm a = op == OpKind::Barrier ? Algorithm::Binomial : choose(op, slice, nodes, cost, force);
+    // The node's L slices share its link, and each chooses with 1/L of it (communicator/hierarchy.cc).
+    NetCost shared = cost;
+    shared.beta *= L;
+    const Algorithm a = op == OpKind::Barrier ? Algorithm::Binomial : choose(op, slice, nodes, shared, force);
     algorithm = op == OpKind::Barrier ? "dissemination" : algorithm_name(a);
     // One actor's steps of the op: `links` between the nodes, carrying `carried` bytes of slices;
     // `root_slice` the links of the slice that alone crosses in a small broadcast (null: not this
@@ -268,11 +271,11 @@ int main(int argc, char** argv) {
           break;
         case OpKind::Broadcast:
           if (small) {
-            if (nodes > 1 && root_slice) broadcast(*root_slice, bytes, 0, a, chain_segments(slice, nodes, cost));
+            if (nodes > 1 && root_slice) broadcast(*root_slice, bytes, 0, a, chain_segments(slice, nodes, shared));
             if (L > 1) shm_step(t, double(bytes));
           } else {
             if (L > 1 && n == 0) shm_step(t, double(bytes));
-            if (nodes > 1) broadcast(links, carried, 0, a, chain_segments(slice, nodes, cost));
+            if (nodes > 1) broadcast(links, carried, 0, a, chain_segments(slice, nodes, shared));
             if (L > 1 && n != 0) shm_step(t, double(bytes) * (L - 1) / L);
           }
           break;

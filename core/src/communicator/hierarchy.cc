@@ -6,6 +6,7 @@
 
 #include "call_compare.h"
 #include "chorus/core/error.h"
+#include "net/cost_model.h"
 
 namespace chorus {
 
@@ -38,10 +39,16 @@ std::unique_ptr<Hierarchy> Hierarchy::build(Communicator& group, const std::vect
   h->hosts_ = members;
   for (const auto& m : members)
     if (auto made = group.split_as(m, "shm", {})) h->node_ = made, h->node_ranks_ = m;
-  // The slices take the group's network terms (rank 0's measurement, Note [Choosing an algorithm
-  // between hosts]), so that they all choose alike.
+  // The slices take the group's network terms (rank 0's measurement or the user's, Note
+  // [Choosing an algorithm between hosts]), so that they all choose alike. A host's L slices
+  // cross at once and share its link: each chooses with 1/L of the link's bandwidth.
   CrossOptions cross = group.options_.cross;
   if (cross.cost.empty() && group.store_->check({"tcp/cost"})) cross.cost = group.store_->get("tcp/cost");
+  if (!cross.cost.empty()) {
+    net::NetCost shared = net::parse_cost(cross.cost);
+    shared.beta *= double(per_host);
+    cross.cost = net::cost_setting(shared);
+  }
   for (size_t i = 0; i < per_host; ++i) {
     std::vector<int> same_slice;
     for (const auto& m : members) same_slice.push_back(m[i]);

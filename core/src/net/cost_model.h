@@ -10,8 +10,10 @@
 // and the smallest prediction wins. The terms are measured when the group is made (rank 0 and
 // the first rank on another host ping-pong 8 B and 1 MiB; rank 0 times a fold; rank 0's numbers
 // go to every rank, so all choose alike) unless CHORUS_CROSS_COST gives them, and
-// CHORUS_CROSS_ALGORITHM overrides the choice (docs/settings.md). The same functions drive the
-// SimGrid model of bench/sim, whose predictions at up to 1,024 nodes check the rule.
+// CHORUS_CROSS_ALGORITHM overrides the choice (docs/settings.md). In a hierarchical group the L
+// slices of a host cross at once over its link (Note [Hierarchy]), so each slice chooses with
+// beta times L. The same functions drive the SimGrid model of bench/sim, whose predictions at up
+// to 1,024 nodes check the rule.
 //
 // Measured terms vary from run to run, and so may a choice near a crossover. Only one choice can
 // change a result's bits (Note [Algorithms between hosts]): the ring all_reduce against recursive
