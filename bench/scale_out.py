@@ -72,10 +72,9 @@ def misfit(measured, predicted):
     return statistics.fmean(math.log(p / m) ** 2 for m, (p, _) in zip(measured, predicted))
 
 
-def fit(sim, keys, measured, terms, names):
-    """Coordinate search in log space, the factor halving when no term improves."""
+def fit(sim, keys, measured, terms, names, factor=2.0):
+    """Coordinate search in log space, the factor's root taken when no term improves by 1%."""
     best = misfit(measured, predictions(sim, keys, terms))
-    factor = 2.0
     while factor > 1.04:
         before = best
         for name in names:
@@ -100,7 +99,8 @@ def calibrate(args):
     fit_on = set(args.fit_on.split(",")) if args.fit_on else set()
     if fit_on:
         keys = sorted(k for k in measured if k[0] in fit_on)
-        terms = fit(args.sim, keys, [measured[k] for k in keys], terms, [n for n in FITTED if n not in (args.keep or [])])
+        terms = fit(args.sim, keys, [measured[k] for k in keys], terms, [n for n in FITTED if n not in (args.keep or [])],
+                    args.step)
     keys = sorted(measured)
     got = predictions(args.sim, keys, terms)
     out = []
@@ -120,11 +120,12 @@ def calibrate(args):
         print(f"| {o['layout']}{' (fit)' if o['fitted_on'] else ''} | {o['op']} | {o['bytes']} | {o['measured_us']} | "
               f"{o['predicted_us']} | {o['error_pct']}% | {o['algorithm']} |")
     print()
-    for layout in sorted({o["layout"] for o in out}):
+    for layout in sorted({o["layout"] for o in out}) + [None]:
         for op in sorted({o["op"] for o in out}) + [None]:
-            errs = [abs(float(o["error_pct"])) for o in out if o["layout"] == layout and (op is None or o["op"] == op)]
+            errs = [abs(float(o["error_pct"])) for o in out
+                    if (layout is None or o["layout"] == layout) and (op is None or o["op"] == op)]
             if errs:
-                print(f"{layout}{' (fitted on)' if layout in fit_on else ''} {op or 'every op'}: "
+                print(f"{layout or 'every layout'}{' (fitted on)' if layout in fit_on else ''} {op or 'every op'}: "
                       f"{sum(e <= 25 for e in errs)} of {len(errs)} within 25%, median |error| {statistics.median(errs):.0f}%")
     plot_calibration(out, os.path.join(args.out, "calibration.png"))
 
@@ -283,6 +284,7 @@ def main():
     ap.add_argument("--terms", nargs="*", help="calibration terms to start from, e.g. link-gbps=8 o-us=6")
     ap.add_argument("--fit-on", help="layouts whose rows fit the terms (e.g. 2x2); the others check them")
     ap.add_argument("--keep", nargs="*", help="terms the fit leaves as given (measured ones)")
+    ap.add_argument("--step", type=float, default=2.0, help="the fit's first factor on each term (default 2)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     if args.what in ("calibrate", "all"):

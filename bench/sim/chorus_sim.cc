@@ -44,6 +44,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <string>
 
 #include "net/algorithms.h"
@@ -78,6 +79,16 @@ void busy(const Terms& t, double seconds) {
 
 int token;  // every message's payload: only its simulated size matters
 
+// The testbed's socket from one actor to another: bytes sent into it and bytes the receiver has
+// taken out (TCP's flow control holds a sender whose unread bytes fill the socket's buffer).
+struct Pipe {
+  double sent = 0, taken = 0;
+  sg4::MutexPtr mu = sg4::Mutex::create();
+  sg4::ConditionVariablePtr cv = sg4::ConditionVariable::create();
+};
+std::map<std::pair<int, int>, Pipe> pipes;
+Pipe& pipe_of(int from, int to) { return pipes[{from, to}]; }
+
 std::string mailbox(int from, int to) { return std::to_string(from) + ">" + std::to_string(to); }
 
 // A rank's (or an aggregated node's) view of its peers in the simulation. `scale`: the share of
@@ -94,17 +105,26 @@ class SimLinks : public Links {
     busy(t_, double(moves.size()) * t_.o_us * 1e-6);
     for (const auto& m : moves)
       if (m.send) sent += m.span.bytes;
-    // On the testbed the sender's kernel copies its data into the socket, and a send that fits
-    // in the socket's buffer is done for the sender then (the data goes on without it).
+    // On the testbed the sender's kernel copies its data into the socket, and a send that fits in
+    // the socket's buffer is done for the sender then, unless earlier ones the peer has not yet
+    // taken fill it (TCP's flow control: the sender waits for the peer to take them).
     if (t_.testbed_cores) busy(t_, double(sent) * 8 / (t_.kernel_copy_gbps * 1e9));
     for (const auto& m : moves) {
       const int me = id(rank_), peer = id(m.peer);
       if (m.send) {
         auto* box = sg4::Mailbox::by_name(mailbox(me, peer));
-        if (t_.testbed_cores && double(m.span.bytes) <= t_.socket_buffer_kib * 1024)
+        const double buffer = t_.socket_buffer_kib * 1024, bytes = double(m.span.bytes);
+        Pipe* pipe = t_.testbed_cores ? &pipe_of(me, peer) : nullptr;
+        if (pipe && bytes <= buffer) {
+          std::unique_lock<sg4::Mutex> lock(*pipe->mu);
+          while (pipe->sent > pipe->taken && pipe->sent - pipe->taken + bytes > buffer) pipe->cv->wait(lock);
+          pipe->sent += bytes;
+          lock.unlock();
           box->put_init(&token, m.span.bytes + 16)->detach();
-        else
+        } else {
+          if (pipe) pipe->sent += bytes;
           comms.push_back(box->put_async(&token, m.span.bytes + 16));
+        }
       } else {
         auto* box = sg4::Mailbox::by_name(mailbox(peer, me));
         box->set_receiver(sg4::Actor::self());  // eager: data flows as soon as it is sent, as on TCP
@@ -119,7 +139,16 @@ class SimLinks : public Links {
       }
     }
     sg4::Comm::wait_all(comms);
-    if (t_.testbed_cores) busy(t_, double(received) * 8 / (t_.kernel_copy_gbps * 1e9));
+    if (t_.testbed_cores) {
+      busy(t_, double(received) * 8 / (t_.kernel_copy_gbps * 1e9));
+      for (const auto& m : moves)  // out of the sockets: their senders may go on
+        if (!m.send) {
+          Pipe& pipe = pipe_of(id(m.peer), id(rank_));
+          const std::lock_guard<sg4::Mutex> lock(*pipe.mu);
+          pipe.taken += double(m.span.bytes);
+          pipe.cv->notify_all();
+        }
+    }
     if (folded) busy(t_, double(folded) * scale_ * 8 / (t_.fold_gbps * 1e9));
   }
   void copy(Span from, Span) override { busy(t_, double(from.bytes) * scale_ * 8 / (t_.shm_gbps * 1e9)); }
