@@ -16,7 +16,7 @@ import statistics
 import subprocess
 import sys
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIELDS = ["op", "bytes", "nodes", "ranks_per_node", "scheme", "algorithm", "seconds", "busbw_GBps", "rank0_seconds"]
@@ -156,34 +156,41 @@ def predict(args):
     sizes = [8, 64 << 10, 16 << 20, 1 << 30]
     links = [25, 100, 400]
     points = [(n, l, b, g) for g in links for b in sizes for l in per_node for n in nodes]
-    rows = []
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futs = []
-        for n, l, b, g in points:
+    jobs = []  # (point, scheme, forced algorithm)
+    for n, l, b, g in points:
+        jobs.append(((n, l, b, g), "chorus", ""))
+        jobs += [((n, l, b, g), "chorus", a) for a in ALGORITHMS["all_reduce"]]  # the rule's check: each, forced
+        if n * l <= 512:  # flat schemes: one actor per rank (1,024 of them take minutes a point)
+            jobs += [((n, l, b, g), s, "") for s in ["ring", "recursive_doubling", "tree"]]
+        if n <= 256 or b <= 64 << 10:
+            jobs.append(((n, l, b, g), "two_level", ""))
+    # Rows go to the CSV as they finish, and a run picks up where an interrupted one stopped
+    # (the whole sweep takes hours on 2 cores); --fresh starts over.
+    path = os.path.join(args.out, "scale_out.csv")
+    ident = lambda r: ((int(r["nodes"]), int(r["ranks_per_node"]), int(r["bytes"]), float(r["link_gbps"])),
+                       r["scheme"], r["forced"])
+    rows = [] if args.fresh or not os.path.exists(path) else list(csv.DictReader(open(path)))
+    done = {ident(r) for r in rows}
+    todo = [j for j in jobs if (j[0][:3] + (float(j[0][3]),), j[1], j[2]) not in done]
+    print(f"  {len(jobs) - len(todo)} of {len(jobs)} simulations from {path}, {len(todo)} to run", file=sys.stderr)
+    with open(path, "w" if not rows else "a", newline="") as f, ThreadPoolExecutor(max_workers=2) as pool:
+        w = csv.DictWriter(f, fieldnames=FIELDS + ["link_gbps", "forced"])
+        if not rows:
+            w.writeheader()
+        futs = {}
+        for (n, l, b, g), scheme, forced in todo:
             terms = dict(DATACENTER, **{"link-gbps": g})
-            futs.append(((n, l, b, g), "chorus", None, pool.submit(simulate, args.sim, "all_reduce", b, n, l,
-                                                                    terms=terms)))
-            for a in ALGORITHMS["all_reduce"]:  # the rule's check: every candidate, forced
-                futs.append(((n, l, b, g), "chorus", a, pool.submit(simulate, args.sim, "all_reduce", b, n, l,
-                                                                     algorithm=a, terms=terms)))
-            if n * l <= 512:  # flat schemes: one actor per rank (1,024 of them take minutes a point)
-                for s in ["ring", "recursive_doubling", "tree"]:
-                    futs.append(((n, l, b, g), s, None, pool.submit(simulate, args.sim, "all_reduce", b, n, l,
-                                                                     scheme=s, terms=terms)))
-            if n <= 256 or b <= 64 << 10:
-                futs.append(((n, l, b, g), "two_level", None, pool.submit(simulate, args.sim, "all_reduce", b, n, l,
-                                                                          scheme="two_level", terms=terms)))
-        for i, (key, scheme, forced, fut) in enumerate(futs):
+            fut = pool.submit(simulate, args.sim, "all_reduce", b, n, l, scheme=scheme, algorithm=forced or None,
+                              terms=terms)
+            futs[fut] = (g, forced)
+        for i, fut in enumerate(as_completed(futs)):
             r = fut.result()
-            r.update(link_gbps=key[3], forced=forced or "")
+            r.update(link_gbps=futs[fut][0], forced=futs[fut][1])
+            w.writerow(r)
+            f.flush()
             rows.append(r)
             if i % 50 == 0:
-                print(f"  {i + 1} of {len(futs)} simulations", file=sys.stderr, flush=True)
-    path = os.path.join(args.out, "scale_out.csv")
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS + ["link_gbps", "forced"])
-        w.writeheader()
-        w.writerows(rows)
+                print(f"  {i + 1} of {len(todo)} simulations", file=sys.stderr, flush=True)
     report(rows, args.out)
 
 
@@ -281,6 +288,7 @@ def main():
     ap.add_argument("--sim", default=os.path.join(ROOT, "build", "bench", "chorus-sim"))
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "img"))
     ap.add_argument("--quick", action="store_true", help="fewer node counts and ranks per node")
+    ap.add_argument("--fresh", action="store_true", help="predict: start over, not from the rows in --out")
     ap.add_argument("--terms", nargs="*", help="calibration terms to start from, e.g. link-gbps=8 o-us=6")
     ap.add_argument("--fit-on", help="layouts whose rows fit the terms (e.g. 2x2); the others check them")
     ap.add_argument("--keep", nargs="*", help="terms the fit leaves as given (measured ones)")
