@@ -154,7 +154,7 @@ def predict(args):
     nodes = [2, 4, 16, 64, 256, 1024] if args.quick else [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
     per_node = [8, 64] if args.quick else [8, 16, 32, 64]
     sizes = [8, 64 << 10, 16 << 20, 1 << 30]
-    links = [25, 100, 400]
+    links = [25.0, 100.0, 400.0]  # floats, as a row read back from the CSV gives them
     points = [(n, l, b, g) for g in links for b in sizes for l in per_node for n in nodes]
     jobs = []  # (point, scheme, forced algorithm)
     for n, l, b, g in points:
@@ -167,11 +167,9 @@ def predict(args):
     # Rows go to the CSV as they finish, and a run picks up where an interrupted one stopped
     # (the whole sweep takes hours on 2 cores); --fresh starts over.
     path = os.path.join(args.out, "scale_out.csv")
-    ident = lambda r: ((int(r["nodes"]), int(r["ranks_per_node"]), int(r["bytes"]), float(r["link_gbps"])),
-                       r["scheme"], r["forced"])
     rows = [] if args.fresh or not os.path.exists(path) else list(csv.DictReader(open(path)))
-    done = {ident(r) for r in rows}
-    todo = [j for j in jobs if (j[0][:3] + (float(j[0][3]),), j[1], j[2]) not in done]
+    done = {(point_of(r), r["scheme"], r["forced"]) for r in rows}
+    todo = [j for j in jobs if j not in done]
     print(f"  {len(jobs) - len(todo)} of {len(jobs)} simulations from {path}, {len(todo)} to run", file=sys.stderr)
     with open(path, "w" if not rows else "a", newline="") as f, ThreadPoolExecutor(max_workers=2) as pool:
         w = csv.DictWriter(f, fieldnames=FIELDS + ["link_gbps", "forced"])
@@ -194,13 +192,17 @@ def predict(args):
     report(rows, args.out)
 
 
+def point_of(row):
+    """A sweep row's point: (nodes, ranks per node, bytes, link Gb/s)."""
+    return int(row["nodes"]), int(row["ranks_per_node"]), int(row["bytes"]), float(row["link_gbps"])
+
+
 def report(rows, out):
-    key = lambda r: (int(r["nodes"]), int(r["ranks_per_node"]), int(r["bytes"]), float(r["link_gbps"]))
-    picked = {key(r): r for r in rows if r["scheme"] == "chorus" and not r["forced"]}
+    picked = {point_of(r): r for r in rows if r["scheme"] == "chorus" and not r["forced"]}
     forced = defaultdict(dict)
     for r in rows:
         if r["scheme"] == "chorus" and r["forced"]:
-            forced[key(r)][r["forced"]] = float(r["seconds"])
+            forced[point_of(r)][r["forced"]] = float(r["seconds"])
     misses = []
     for k, r in sorted(picked.items()):
         best = min(forced[k].items(), key=lambda kv: kv[1])
@@ -220,7 +222,7 @@ def report(rows, out):
     others = defaultdict(dict)
     for r in rows:
         if r["scheme"] != "chorus":
-            others[key(r)][r["scheme"]] = float(r["seconds"])
+            others[point_of(r)][r["scheme"]] = float(r["seconds"])
     print("\nchorus against the fastest alternative where one ran (time ratio: above 1, chorus is faster)")
 
     def versus_cell(k):
@@ -249,7 +251,7 @@ SHORT = {"recursive_doubling": "RD", "halving_doubling": "HD", "ring": "ring"}
 
 
 def human_time(seconds):
-    for unit, scale in (("s", 1), ("ms", 1e-3), ("µs", 1e-6)):
+    for unit, scale in (("s", 1), ("ms", 1e-3)):
         if seconds >= scale:
             return f"{seconds / scale:.3g} {unit}"
     return f"{seconds / 1e-6:.3g} µs"
