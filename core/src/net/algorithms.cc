@@ -10,9 +10,9 @@ Span out(size_t offset, size_t bytes) { return {Buf::Out, offset, bytes}; }
 Span tmp(size_t offset, size_t bytes) { return {Buf::Tmp, offset, bytes}; }
 Move send(int peer, Span s) { return {peer, true, s, false, {}}; }
 Move recv(int peer, Span s) { return {peer, false, s, false, {}}; }
-Move recv_fold(int peer, Span land, Span into) { return {peer, false, land, true, into, into}; }
 // into = from op what arrives: the first fold of a span whose data still lies in `from`.
 Move recv_fold_from(int peer, Span land, Span into, Span from) { return {peer, false, land, true, into, from}; }
+Move recv_fold(int peer, Span land, Span into) { return recv_fold_from(peer, land, into, into); }
 
 // The first element of block i of P over count elements (blocks differ by one at most).
 size_t edge(size_t count, int p, int i) { return count * size_t(i) / size_t(p); }
