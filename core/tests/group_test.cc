@@ -10,9 +10,11 @@
 #include <thread>
 #include <vector>
 
+#include "chorus/core/settings.h"
 #include "multiprocess.h"
 #include "shm/peer_read.h"
 #include "shm/shm_group.h"
+#include "shm/waiter.h"
 
 namespace chorus::test {
 namespace {
@@ -193,6 +195,22 @@ TEST(ShmGroups, ReadingAPeerFailsCleanlyWhereTheKernelSaysNo) {
 // Note [Owed waits]: a rank that reads nothing after its call's last phase posts it and leaves;
 // its next call waits for that phase before anything else, and names a peer that failed in the
 // call the wait was owed for.
+// Note [Ranks sharing the cores]: a group counts its ranks on this machine's kernel, and a wait
+// counts the most any group saw against the cores, though its own group be smaller.
+TEST(ShmGroups, WaitsCountEveryRankOnThisMachineAgainstItsCores) {
+  if (settings().shm_spin_us) GTEST_SKIP() << "CHORUS_SHM_SPIN_US is set";
+  const int crowd = shm::usable_cores() + 1;
+  expect_all_ok(run_group(crowd, [crowd](Communicator& world) {
+    // Not oversubscribed by itself, a group of one spins, unless a group saw more ranks here
+    // than cores: this one did, all of them on this kernel.
+    RANK_CHECK(world.size() == crowd, "world of ", world.size());
+    const auto p = shm::SpinPolicy::for_group(1);
+    RANK_CHECK(p.spin_for == Clock::duration::zero() && p.yield_for == std::chrono::microseconds(100), "a wait spins ",
+               p.spin_for.count(), " and yields ", p.yield_for.count(), " (ns) with ", crowd, " ranks on ", crowd - 1,
+               " cores");
+  }));
+}
+
 TEST(ShmGroups, AnOwedWaitIsPaidByTheNextCallAndNamesWhoFailedInTheLast) {
   expect_all_ok(run_ranks(2, [](RankContext& ctx) {
     BackendOptions options;

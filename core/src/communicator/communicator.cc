@@ -19,6 +19,7 @@
 #include "communicator/arguments.h"
 #include "communicator/hierarchy.h"
 #include "communicator/ordering.h"
+#include "shm/waiter.h"
 
 namespace chorus {
 namespace {
@@ -113,6 +114,11 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
                                 : detail::concat("rank ", r, " (on ", host, ")"));
       hosts_.push_back(std::move(other));
     }
+    // Note [Ranks sharing the cores]: hosts on this machine's kernel (same boot id) share its cores.
+    const std::string boot = me.substr(me.find(' ') + 1);
+    if (!boot.empty())
+      shm::note_ranks_sharing_cores(int(std::count_if(
+          hosts_.begin(), hosts_.end(), [&](const std::string& h) { return h.substr(h.find(' ') + 1) == boot; })));
   }
   BackendOptions bo;
   bo.group_name = options_.name;

@@ -5,6 +5,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <thread>
 
 #include "chorus/core/settings.h"
@@ -50,9 +52,19 @@ int usable_cores() {
   return int(std::thread::hardware_concurrency());
 }
 
+namespace {
+std::atomic<int> ranks_sharing_cores{0};
+}  // namespace
+
+void note_ranks_sharing_cores(int ranks) {
+  int seen = ranks_sharing_cores.load();
+  while (ranks > seen && !ranks_sharing_cores.compare_exchange_weak(seen, ranks)) {
+  }
+}
+
 SpinPolicy SpinPolicy::for_group(int size) {
   SpinPolicy p;
-  const bool oversubscribed = size > usable_cores();
+  const bool oversubscribed = std::max(size, ranks_sharing_cores.load()) > usable_cores();
   p.spin_for = std::chrono::microseconds(settings().shm_spin_us.value_or(oversubscribed ? 0 : 50));
   if (oversubscribed) p.yield_for = std::chrono::microseconds(100);
   return p;

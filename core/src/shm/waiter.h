@@ -34,6 +34,16 @@
 // on peers still in their backward pass, exposed 55-62 ms of communication with 2 ms of yielding
 // and 37-41 ms with 100 us; chorus-bench's collectives alone did not change beyond noise.
 //
+// Note [Ranks sharing the cores]: "oversubscribed" counts the job's ranks on this machine, not the
+// group's. A shared-memory group holds the ranks of one host, but hosts that are network
+// namespaces or containers on one kernel share its cores: there 2 ranks per host on 2 cores spin
+// as if they had a core each while the other hosts' ranks need those cores to move their data.
+// Every group learns which of its ranks share this kernel (the boot id each publishes,
+// Communicator's host identity) and notes it here; a wait counts the most it has seen. On
+// namespace hosts of this 2-core machine (bench/hosts_bench.sh, chorus-bench, 2 runs each),
+// waits that spun 50 us against none: 2 hosts x 2 ranks, barrier 103-105 -> 61-63 us, 8-byte
+// all_reduce 113-121 -> 68-72, 64 KiB 206-214 -> 117-121; 3 x 2, barrier 197-210 -> 157-172.
+//
 // Note [Light posts]: a sleeper and a poster meet like Dekker's pair: the sleeper counts itself
 // in `waiters` and then reads the word, the poster writes the word and then reads `waiters`, and
 // each needs its write seen before its read, or the poster wakes nobody while the sleeper sleeps
@@ -93,10 +103,15 @@ inline void cpu_relax() {
 // The CPUs this process may run on.
 int usable_cores();
 
+// Note [Ranks sharing the cores]: `ranks` of this job run on this machine's kernel (a group saw
+// them); the most noted counts against the cores.
+void note_ranks_sharing_cores(int ranks);
+
 struct SpinPolicy {
   Clock::duration spin_for = std::chrono::microseconds(50);
   Clock::duration yield_for = std::chrono::microseconds(2000);
-  static SpinPolicy for_group(int size);  // reads CHORUS_SHM_SPIN_US and the usable core count
+  // Reads CHORUS_SHM_SPIN_US, the usable core count and the ranks sharing them (at least `size`).
+  static SpinPolicy for_group(int size);
 };
 
 // Whether a wait on a rank that last posted from `peer_cpu` may spin: not if that was this CPU.
