@@ -21,12 +21,14 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIELDS = ["op", "bytes", "nodes", "ranks_per_node", "scheme", "algorithm", "seconds", "busbw_GBps", "rank0_seconds"]
 # This machine's namespace hosts (chorus-sim --testbed 2), as the fit to bench/hosts_bench.sh's
-# three layouts of 2026-11-26 (session 50) left them (calibrate --fit-on 2x2,3x2,4x1): the veth/bridge
-# "network" is the kernel copying between the namespaces on the same 2 cores. The cost model
-# chooses with what the tcp engine measured on them (CHORUS_LOG_LEVEL=1 prints it: alpha about
-# 6.5 us, 15 Gb/s), as the runs did; the fit leaves those two alone.
-VETH = {"link-gbps": 90.5, "link-lat-us": 25, "o-us": 2.52, "fold-gbps": 51, "shm-gbps": 25.2, "shm-lat-us": 10.3,
-        "kernel-copy-gbps": 29.5, "socket-buffer-kib": 2730.0, "cost-alpha-us": 6.5, "cost-gbps": 15.0}
+# three layouts of 2026-11-26 (session 51, main at ffad501; calibrate --fit-on 2x2,3x2,4x1) left
+# them: the veth/bridge "network" is the kernel copying between the namespaces on the same 2 cores,
+# so a message's time is CPU work (per message, kernel copies, wake-ups) and the latencies fitted
+# near zero. The cost model chooses with what the tcp engine measured on them (CHORUS_LOG_LEVEL=1
+# prints it: alpha about 6.5 us, 15 Gb/s), as the runs did; the fit leaves those two alone.
+VETH = {"link-gbps": 513.0, "link-lat-us": 0.427, "o-us": 5.26, "fold-gbps": 529.0, "shm-gbps": 37.2, "shm-lat-us": 0.835,
+        "kernel-copy-gbps": 20.0, "socket-buffer-kib": 2500.0, "loopback-lat-us": 0.0896, "wake-us": 4.0,
+        "cache-kib": 1024.0, "cached-copy-gbps": 30.8, "cost-alpha-us": 6.5, "cost-gbps": 15.0}
 FITTED = [k for k in VETH if not k.startswith("cost-")]
 # A node: shared memory at what bench/compare.py measures here (membw_pair: a 64 MiB memcpy in 9.6 ms
 # while another process copies, 56 Gb/s; membw's a+=b at 10 GB/s for folds), 1 us per step; the

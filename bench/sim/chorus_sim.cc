@@ -26,14 +26,21 @@
 //                                the platform gives a message between two nodes)
 //   --testbed CORES              instead of a fat tree, the namespace hosts of bench/hosts_bench.sh:
 //                                every rank on one machine of CORES cores, whose kernel carries
-//                                every message between hosts (one link, both directions sharing
-//                                --link-gbps), and the ranks' own time (--o-us, folds, copies,
-//                                shared memory) is work on those cores, one rank per actor
+//                                every message (one link, both directions sharing --link-gbps;
+//                                then --link-lat-us over a veth pair between hosts, or
+//                                --loopback-lat-us inside one), and the ranks' own time (--o-us,
+//                                folds, copies, shared memory, wake-ups) is work on those cores,
+//                                one rank per actor; a host's ranks meet in each shared-memory
+//                                step; rank 0's time is its call's after a barrier, as
+//                                bench/chorus-bench times it
 //   --kernel-copy-gbps           the testbed's kernel copying a message into or out of a socket
-//                                (the sender's and the receiver's time)
+//                                (the sender's and the receiver's time); --cached-copy-gbps for a
+//                                message of up to --cache-kib
 //   --socket-buffer-kib          a send up to this size is done for its sender once copied
+//   --wake-us                    a testbed rank's time to be woken when it slept for a message
 // Prints: op,bytes,nodes,ranks_per_node,scheme,algorithm,seconds,busbw_GBps,rank0_seconds
-// (seconds: until every rank is done; rank0_seconds: rank 0's own time, what the benchmarks time)
+// (seconds: until every rank is done, the testbed's barrier included; rank0_seconds: rank 0's own
+// time in the call, what the benchmarks time)
 #include <simgrid/s4u.hpp>
 
 #include <unistd.h>
@@ -43,6 +50,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -62,17 +70,29 @@ struct Terms {
   bool shared_links = false;  // both directions of a link share its bandwidth (one CPU copying both ways)
   int testbed_cores = 0;      // > 0: --testbed
   double kernel_copy_gbps = 40, socket_buffer_kib = 2048;  // the testbed's kernel
+  double loopback_lat_us = -1;                 // the testbed's messages inside a namespace host (< 0: --link-lat-us)
+  double wake_us = 0;                          // the testbed's rank's time to be woken by a message it slept for
+  double cache_kib = 0, cached_copy_gbps = 0;  // the kernel's copies of messages up to cache_kib (0: none)
+  // The testbed's kernel copying a message into or out of a socket, s: faster while it fits in cache.
+  double kernel_copy(size_t bytes) const {
+    const bool cached = cache_kib > 0 && double(bytes) <= cache_kib * 1024;
+    return double(bytes) * 8 / ((cached ? cached_copy_gbps : kernel_copy_gbps) * 1e9);
+  }
 };
 
-double rank0_done = 0;  // when rank 0 (node 0's actor) finished: what bench/hosts_bench.sh times
+double rank0_done =
+    0;  // rank 0's time in the call (the testbed's: after the barrier before it), what the benchmarks time
 
 constexpr double kSpeed = 1e9;  // every host's flop/s: `seconds` of a rank's own time are seconds * kSpeed flops
 
-// A rank's own time: its own core's on a fat tree; on the testbed, work that shares the cores.
+sg4::Host* testbed_machine = nullptr;  // --testbed: the cores every rank's own time runs on
+
+// A rank's own time: its own core's on a fat tree; on the testbed, work that shares the machine's
+// cores (the actors live on their namespace hosts, which only route their messages).
 void busy(const Terms& t, double seconds) {
   if (seconds <= 0) return;
   if (t.testbed_cores)
-    sg4::this_actor::execute(seconds * kSpeed);
+    sg4::this_actor::exec_init(seconds * kSpeed)->set_host(testbed_machine)->wait();
   else
     sg4::this_actor::sleep_for(seconds);
 }
@@ -101,14 +121,14 @@ class SimLinks : public Links {
   int size() const override { return size_; }
   void exchange(const std::vector<Move>& moves) override {
     std::vector<sg4::CommPtr> comms;
-    size_t folded = 0, sent = 0, received = 0;
+    size_t folded = 0;
+    double copy_in = 0, copy_out = 0;  // the testbed's kernel copies of what is sent and received, s
     busy(t_, double(moves.size()) * t_.o_us * 1e-6);
-    for (const auto& m : moves)
-      if (m.send) sent += m.span.bytes;
+    for (const auto& m : moves) (m.send ? copy_in : copy_out) += t_.kernel_copy(m.span.bytes);
     // On the testbed the sender's kernel copies its data into the socket, and a send that fits in
     // the socket's buffer is done for the sender then, unless earlier ones the peer has not yet
     // taken fill it (TCP's flow control: the sender waits for the peer to take them).
-    if (t_.testbed_cores) busy(t_, double(sent) * 8 / (t_.kernel_copy_gbps * 1e9));
+    if (t_.testbed_cores) busy(t_, copy_in);
     for (const auto& m : moves) {
       const int me = id(rank_), peer = id(m.peer);
       if (m.send) {
@@ -130,7 +150,6 @@ class SimLinks : public Links {
         box->set_receiver(sg4::Actor::self());  // eager: data flows as soon as it is sent, as on TCP
         int* sink = nullptr;
         comms.push_back(box->get_async<int>(&sink));
-        received += m.span.bytes;
         // Folded as it arrives: on a fat tree only the last grain is left after the data, on the
         // testbed every byte's fold takes the shared cores' time.
         if (m.fold)
@@ -138,9 +157,14 @@ class SimLinks : public Links {
               t_.testbed_cores ? folded + m.span.bytes : std::max(folded, std::min<size_t>(m.span.bytes, 64 << 10));
       }
     }
+    // On the testbed a rank whose messages are not all in when it waits for them sleeps, and being
+    // woken and scheduled again takes the cores' time (more ranks than cores: one another's).
+    const bool sleeps =
+        t_.testbed_cores && std::any_of(comms.begin(), comms.end(), [](const sg4::CommPtr& c) { return !c->test(); });
     sg4::Comm::wait_all(comms);
+    if (sleeps) busy(t_, t_.wake_us * 1e-6);
     if (t_.testbed_cores) {
-      busy(t_, double(received) * 8 / (t_.kernel_copy_gbps * 1e9));
+      busy(t_, copy_out);
       for (const auto& m : moves)  // out of the sockets: their senders may go on
         if (!m.send) {
           Pipe& pipe = pipe_of(id(m.peer), id(rank_));
@@ -168,6 +192,39 @@ void shm_step(const Terms& t, double bytes, int calls = 1) {
   busy(t, calls * t.shm_lat_us * 1e-6 + bytes * 8 / (t.shm_gbps * 1e9));
 }
 
+// The testbed's ranks of one node meeting in shared memory: a step waits for every rank of the
+// node, or (a broadcast's) for its root only, whose rank leaves once it has posted its data
+// (Note [Owed waits]). Steps are counted per rank, in the order every rank takes them.
+struct Meeting {
+  sg4::MutexPtr mu = sg4::Mutex::create();
+  sg4::ConditionVariablePtr cv = sg4::ConditionVariable::create();
+  std::map<int, int> arrived;  // step -> ranks that reached it
+  std::map<int, bool> posted;  // step -> its root has posted
+};
+std::vector<Meeting> meetings;  // one per node
+
+// One rank's shared-memory step `k` on the testbed: meets its node (from < 0: every rank; else the
+// root, the node's rank `from`), a rank that slept for it paying its wake-up, then the step's own
+// time. (No spinning: the namespace hosts' ranks outnumber the machine's cores, and chorus's
+// waits count them all, Note [Ranks sharing the cores].)
+void shm_meet(const Terms& t, int node, int local, int size, int k, int from, double bytes, int calls) {
+  Meeting& m = meetings[size_t(node)];
+  bool slept = false;
+  {
+    std::unique_lock<sg4::Mutex> lock(*m.mu);
+    ++m.arrived[k];
+    if (local == from) m.posted[k] = true;
+    m.cv->notify_all();
+    while (from < 0 ? m.arrived[k] < size : local != from && !m.posted[k]) {
+      m.cv->wait(lock);
+      slept = true;
+    }
+  }
+  if (slept) busy(t, t.wake_us * 1e-6);
+  if (local == from && bytes <= 32) return;  // a tiny broadcast's root posts its data in its line and leaves
+  shm_step(t, bytes, calls);
+}
+
 // The fat tree of N nodes: 32 per leaf switch, each leaf with one uplink to each spine (non-blocking).
 // On the testbed: one host, and the kernel's link from it to itself.
 std::string platform(int nodes, const Terms& t) {
@@ -175,15 +232,24 @@ std::string platform(int nodes, const Terms& t) {
   const int fd = mkstemp(path);
   if (fd >= 0) close(fd);
   if (t.testbed_cores) {
+    // The machine's cores, and a host per namespace host: every message crosses the kernel (one
+    // bandwidth, both directions sharing it), then a veth pair between two namespace hosts or the
+    // loopback inside one, each with its own latency.
     std::ofstream xml(path);
+    const double lo = t.loopback_lat_us >= 0 ? t.loopback_lat_us : t.link_lat_us;
     xml << "<?xml version='1.0'?>\n<!DOCTYPE platform SYSTEM \"https://simgrid.org/simgrid.dtd\">\n"
         << "<platform version=\"4.1\">\n<zone id=\"testbed\" routing=\"Full\">\n<host id=\"machine\" speed=\"1Gf\" "
-           "core=\""
-        << t.testbed_cores << "\"/>\n<link id=\"kernel\" bandwidth=\"" << t.link_gbps << "Gbps\" latency=\""
-        << t.link_lat_us
-        << "us\" sharing_policy=\"SHARED\"/>\n<route src=\"machine\" dst=\"machine\"><link_ctn "
-           "id=\"kernel\"/></route>\n"
-        << "</zone>\n</platform>\n";
+        << "core=\"" << t.testbed_cores << "\"/>\n";
+    for (int n = 0; n < nodes; ++n) xml << "<host id=\"ns-" << n << "\" speed=\"1Gf\"/>\n";
+    xml << "<link id=\"kernel\" bandwidth=\"" << t.link_gbps << "Gbps\" latency=\"0us\" sharing_policy=\"SHARED\"/>\n"
+        << "<link id=\"veth\" bandwidth=\"1e6Gbps\" latency=\"" << t.link_lat_us
+        << "us\" sharing_policy=\"FATPIPE\"/>\n"
+        << "<link id=\"lo\" bandwidth=\"1e6Gbps\" latency=\"" << lo << "us\" sharing_policy=\"FATPIPE\"/>\n";
+    for (int a = 0; a < nodes; ++a)
+      for (int b = a; b < nodes; ++b)
+        xml << "<route src=\"ns-" << a << "\" dst=\"ns-" << b << "\"><link_ctn id=\"kernel\"/><link_ctn id=\""
+            << (a == b ? "lo" : "veth") << "\"/></route>\n";
+    xml << "</zone>\n</platform>\n";
     return path;
   }
   const int per_leaf = std::min(nodes, 32), leaves = (nodes + per_leaf - 1) / per_leaf;
@@ -229,7 +295,11 @@ int main(int argc, char** argv) {
                                                 {"--cost-alpha-us", &t.cost_alpha_us},
                                                 {"--cost-gbps", &t.cost_gbps},
                                                 {"--kernel-copy-gbps", &t.kernel_copy_gbps},
-                                                {"--socket-buffer-kib", &t.socket_buffer_kib}};
+                                                {"--socket-buffer-kib", &t.socket_buffer_kib},
+                                                {"--loopback-lat-us", &t.loopback_lat_us},
+                                                {"--wake-us", &t.wake_us},
+                                                {"--cache-kib", &t.cache_kib},
+                                                {"--cached-copy-gbps", &t.cached_copy_gbps}};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const char* v = argv[i + 1];
@@ -262,7 +332,8 @@ int main(int argc, char** argv) {
   std::remove(xml.c_str());
   std::vector<sg4::Host*> hosts(static_cast<size_t>(nodes));
   for (int n = 0; n < nodes; ++n)
-    hosts[size_t(n)] = engine.host_by_name(t.testbed_cores ? "machine" : "node-" + std::to_string(n));
+    hosts[size_t(n)] = engine.host_by_name((t.testbed_cores ? "ns-" : "node-") + std::to_string(n));
+  if (t.testbed_cores) testbed_machine = engine.host_by_name("machine");
 
   // chorus's cost model, with the terms a message between two nodes sees (or those given).
   NetCost cost;
@@ -291,36 +362,39 @@ int main(int argc, char** argv) {
     // One actor's steps of the op: `links` between the nodes, carrying `carried` bytes of slices;
     // `root_slice` the links of the slice that alone crosses in a small broadcast (null: not this
     // actor's).
-    auto steps = [=](int n, SimLinks& links, SimLinks* root_slice, size_t carried) {
+    // `shm(bytes, calls, from)`: a step inside the node (from: the broadcast's root rank in the
+    // node, or -1 for a step of every rank).
+    using Shm = std::function<void(double, int, int)>;
+    auto steps = [=](int n, SimLinks& links, SimLinks* root_slice, size_t carried, const Shm& shm) {
       switch (op) {
         case OpKind::AllReduce:
-          if (L > 1) shm_step(t, small ? 2.0 * bytes * (L - 1) / L : double(bytes) * (L - 1) / L);
+          if (L > 1) shm(small ? 2.0 * bytes * (L - 1) / L : double(bytes) * (L - 1) / L, 1, -1);
           if (nodes > 1) all_reduce(links, carried / elem, elem, a);
-          if (L > 1 && !small) shm_step(t, double(bytes) * (L - 1) / L);
+          if (L > 1 && !small) shm(double(bytes) * (L - 1) / L, 1, -1);
           break;
         case OpKind::Broadcast:
           if (small) {
             if (nodes > 1 && root_slice) broadcast(*root_slice, bytes, 0, a, chain_segments(slice, nodes, shared));
-            if (L > 1) shm_step(t, double(bytes));
+            if (L > 1) shm(double(bytes), 1, 0);
           } else {
-            if (L > 1 && n == 0) shm_step(t, double(bytes));
+            if (L > 1 && n == 0) shm(double(bytes), 1, 0);
             if (nodes > 1) broadcast(links, carried, 0, a, chain_segments(slice, nodes, shared));
-            if (L > 1 && n != 0) shm_step(t, double(bytes) * (L - 1) / L);
+            if (L > 1 && n != 0) shm(double(bytes) * (L - 1) / L, 1, -1);
           }
           break;
         case OpKind::AllGather:
           if (nodes > 1) all_gather(links, carried, a);
           if (L > 1 && bytes * size_t(P) < (64 << 10))  // one call, then the blocks put in order
-            shm_step(t, double(bytes) * nodes * (L - 1) + double(bytes) * P);
+            shm(double(bytes) * nodes * (L - 1) + double(bytes) * P, 1, -1);
           else if (L > 1)  // a call per node's blocks, straight into place
-            shm_step(t, double(bytes) * nodes * (L - 1), nodes);
+            shm(double(bytes) * nodes * (L - 1), nodes, -1);
           break;
         case OpKind::ReduceScatter:
-          if (L > 1) shm_step(t, double(bytes) * P + double(bytes) * nodes * (L - 1));  // the reorder, then in-node
+          if (L > 1) shm(double(bytes) * P + double(bytes) * nodes * (L - 1), 1, -1);  // the reorder, then in-node
           if (nodes > 1) reduce_scatter(links, carried / elem, elem, a);
           break;
         default:
-          if (L > 1) shm_step(t, 0);
+          if (L > 1) shm(0, 1, -1);
           if (nodes > 1) barrier(links);
       }
     };
@@ -328,15 +402,23 @@ int main(int argc, char** argv) {
       // Every rank an actor: its slice's links between the nodes, and the group's compare of the
       // call (Note [Comparing calls]: a max-reduction of 24 bytes by recursive doubling over
       // every rank) through the same kernel.
+      meetings.resize(size_t(nodes));
       for (int n = 0; n < nodes; ++n)
         for (int i = 0; i < L; ++i)
           sg4::Actor::create("rank-" + std::to_string(n * L + i), hosts[size_t(n)], [=] {
             std::vector<int> ids;
             for (int m = 0; m < nodes; ++m) ids.push_back(m * L + i);
             SimLinks links(n, nodes, t, 1.0, ids), check(n * L + i, P, t, 1.0);
+            int k = 0;
+            const Shm shm = [&](double b, int calls, int from) { shm_meet(t, n, i, L, k++, from, b, calls); };
+            // As bench/chorus-bench times a call: a barrier, then rank 0's clock over the call.
             if (P > 1) all_reduce(check, 3, 8, Algorithm::RecursiveDoubling);
-            steps(n, links, i == 0 ? &links : nullptr, slice);
-            if (n == 0 && i == 0) rank0_done = sg4::Engine::get_clock();
+            if (L > 1) shm(0, 1, -1);
+            if (nodes > 1) barrier(links);
+            const double start = sg4::Engine::get_clock();
+            if (P > 1) all_reduce(check, 3, 8, Algorithm::RecursiveDoubling);
+            steps(n, links, i == 0 ? &links : nullptr, slice, shm);
+            if (n == 0 && i == 0) rank0_done = sg4::Engine::get_clock() - start;
           });
     } else {
       // One actor per node carries its L slices: L times a slice's bytes on the node's links.
@@ -349,7 +431,7 @@ int main(int argc, char** argv) {
             SimLinks check(n, nodes, t, 1.0);
             all_reduce(check, 3, 8, Algorithm::RecursiveDoubling);
           }
-          steps(n, links, &one, slice * size_t(L));
+          steps(n, links, &one, slice * size_t(L), [&](double b, int calls, int) { shm_step(t, b, calls); });
           if (n == 0) rank0_done = sg4::Engine::get_clock();
         });
     }

@@ -40,9 +40,9 @@
 // as if they had a core each while the other hosts' ranks need those cores to move their data.
 // Every group learns which of its ranks share this kernel (the boot id each publishes,
 // Communicator's host identity) and notes it here; a wait counts the most it has seen. On
-// namespace hosts of this 2-core machine (bench/hosts_bench.sh, chorus-bench, 2 runs each),
-// waits that spun 50 us against none: 2 hosts x 2 ranks, barrier 103-105 -> 61-63 us, 8-byte
-// all_reduce 113-121 -> 68-72, 64 KiB 206-214 -> 117-121; 3 x 2, barrier 197-210 -> 157-172.
+// namespace hosts of this 2-core machine (bench/hosts_bench.sh, chorus-bench, 2 runs each,
+// back to back), before and after: 2 hosts x 2 ranks, barrier 103-105 -> 69-73 us, 8-byte
+// all_reduce 113-121 -> 76-83, 64 KiB 206-214 -> 109-122; 3 x 2, barrier 197-210 -> 171.
 //
 // Note [Light posts]: a sleeper and a poster meet like Dekker's pair: the sleeper counts itself
 // in `waiters` and then reads the word, the poster writes the word and then reads `waiters`, and
