@@ -80,8 +80,8 @@ struct Terms {
   }
 };
 
-double rank0_done =
-    0;  // rank 0's time in the call (the testbed's: after the barrier before it), what the benchmarks time
+// Rank 0's time in the call (the testbed's: from the barrier before it), what the benchmarks time.
+double rank0_done = 0;
 
 constexpr double kSpeed = 1e9;  // every host's flop/s: `seconds` of a rank's own time are seconds * kSpeed flops
 
@@ -226,7 +226,7 @@ void shm_meet(const Terms& t, int node, int local, int size, int k, int from, do
 }
 
 // The fat tree of N nodes: 32 per leaf switch, each leaf with one uplink to each spine (non-blocking).
-// On the testbed: one host, and the kernel's link from it to itself.
+// On the testbed: the machine's cores, and a host per namespace host to route the messages.
 std::string platform(int nodes, const Terms& t) {
   char path[] = "/tmp/chorus-sim-XXXXXX";
   const int fd = mkstemp(path);
