@@ -147,5 +147,5 @@ for layout in layouts:
         g = med.get((layout, op, b, "gloo"))
         cells = [f"{med[(layout, op, b, i)]:.1f}" if (layout, op, b, i) in med else "-" for i in others]
         ratios = [f"{g / med[(layout, op, b, i)]:.2f}x" if g and (layout, op, b, i) in med else "-" for i in others]
-        print(f"| {op} | {b} | " + " | ".join(cells) + f" | {g:.1f} | " + " | ".join(ratios) + " |")
+        print(f"| {op} | {b} | " + " | ".join(cells) + f" | {f'{g:.1f}' if g else '-'} | " + " | ".join(ratios) + " |")
 PY
