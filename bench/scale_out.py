@@ -21,11 +21,12 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIELDS = ["op", "bytes", "nodes", "ranks_per_node", "scheme", "algorithm", "seconds", "busbw_GBps", "rank0_seconds"]
 # This machine's namespace hosts (chorus-sim --testbed 2), as the fit to bench/hosts_bench.sh's
-# three layouts of 2026-11-26 (session 51, main at ffad501; calibrate --fit-on 2x2,3x2,4x1) left
-# them: the veth/bridge "network" is the kernel copying between the namespaces on the same 2 cores,
-# so a message's time is CPU work (per message, kernel copies, wake-ups) and the latencies fitted
-# near zero. The cost model chooses with what the tcp engine measured on them (CHORUS_LOG_LEVEL=1
-# prints it: alpha about 6.5 us, 15 Gb/s), as the runs did; the fit leaves those two alone.
+# three layouts of 2026-11-26 (main at ffad501; calibrate --fit-on 2x2,3x2,4x1) left them: the
+# veth/bridge "network" is the kernel copying between the namespaces on the same 2 cores. The fit
+# put a message's time in CPU work (per message, wake-ups) and the latencies near zero, which those
+# layouts cannot tell apart from the reverse (docs/scale-out.md). The cost model chooses with what
+# the tcp engine measured on them (CHORUS_LOG_LEVEL=1 prints it: alpha about 6.5 us, 15 Gb/s), as
+# the runs did; the fit leaves those two alone.
 VETH = {"link-gbps": 513.0, "link-lat-us": 0.427, "o-us": 5.26, "fold-gbps": 529.0, "shm-gbps": 37.2, "shm-lat-us": 0.835,
         "kernel-copy-gbps": 20.0, "socket-buffer-kib": 2500.0, "loopback-lat-us": 0.0896, "wake-us": 4.0,
         "cache-kib": 1024.0, "cached-copy-gbps": 30.8, "cost-alpha-us": 6.5, "cost-gbps": 15.0}
