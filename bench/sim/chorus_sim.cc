@@ -57,6 +57,7 @@
 
 #include "net/algorithms.h"
 #include "net/cost_model.h"
+#include "shm/segment.h"
 
 namespace sg4 = simgrid::s4u;
 using chorus::OpKind;
@@ -221,7 +222,7 @@ void shm_meet(const Terms& t, int node, int local, int size, int k, int from, do
     }
   }
   if (slept) busy(t, t.wake_us * 1e-6);
-  if (local == from && bytes <= 32) return;  // a tiny broadcast's root posts its data in its line and leaves
+  if (local == from && bytes <= chorus::shm::kInlineBytes) return;  // a tiny broadcast's root posts in its line, leaves
   shm_step(t, bytes, calls);
 }
 

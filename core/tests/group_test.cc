@@ -192,9 +192,6 @@ TEST(ShmGroups, ReadingAPeerFailsCleanlyWhereTheKernelSaysNo) {
   EXPECT_FALSE(shm::read_peer(-1, &word, &got, sizeof got));          // no such process
 }
 
-// Note [Owed waits]: a rank that reads nothing after its call's last phase posts it and leaves;
-// its next call waits for that phase before anything else, and names a peer that failed in the
-// call the wait was owed for.
 // Note [Ranks sharing the cores]: a group counts its ranks on this machine's kernel, and a wait
 // counts the most any group saw against the cores, though its own group be smaller.
 TEST(ShmGroups, WaitsCountEveryRankOnThisMachineAgainstItsCores) {
@@ -211,6 +208,9 @@ TEST(ShmGroups, WaitsCountEveryRankOnThisMachineAgainstItsCores) {
   }));
 }
 
+// Note [Owed waits]: a rank that reads nothing after its call's last phase posts it and leaves;
+// its next call waits for that phase before anything else, and names a peer that failed in the
+// call the wait was owed for.
 TEST(ShmGroups, AnOwedWaitIsPaidByTheNextCallAndNamesWhoFailedInTheLast) {
   expect_all_ok(run_ranks(2, [](RankContext& ctx) {
     BackendOptions options;
