@@ -55,8 +55,19 @@ agent() {
   pids[i]=$!
 }
 
-# expect_exit I CODE: waits for host I's agent (bounded by the test's timeout) and checks its code.
+# expect_exit I CODE: waits for host I's agent and checks its code. An agent still running after
+# 300 s (a whole scenario takes under a minute here) is a hang: every process left on the hosts
+# is shown with its threads' stacks (hosts_report), then the test fails.
 expect_exit() {
+  local waited
+  for ((waited = 0; waited < 3000; waited++)); do
+    kill -0 "${pids[$1]}" 2>/dev/null || break
+    sleep 0.1
+  done
+  if kill -0 "${pids[$1]}" 2>/dev/null; then
+    hosts_report
+    fail "host $1's chorusrun still running after 300 s (expected to exit with $2)"
+  fi
   wait "${pids[$1]}"
   local code=$?
   [[ $code == "$2" ]] || fail "host $1's chorusrun exited with $code, expected $2"

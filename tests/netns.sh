@@ -7,6 +7,7 @@
 #   host_kill I         kills every process of host I (as a dead machine)
 #   host_cut I / host_mend I   takes host I's link down (cut off: packets vanish) / up again
 #   in_host NS NAME CMD...   runs CMD in namespace NS under hostname NAME
+#   hosts_report        every process left on the hosts and where its threads wait
 # Both exit 77 (skipped) where namespaces cannot be made (no root, no iproute2 or util-linux) and
 # remove everything again at exit.
 A=chorus$$a B=chorus$$b
@@ -68,6 +69,21 @@ hosts_up() {
       ip -n $SWITCH link set c$$p$i up &&
       ip -n $ns addr add ${HOST_IP[i]}/24 dev c$$h$i &&
       ip -n $ns link set lo up && ip -n $ns link set c$$h$i up || { echo "FAILED: making host $i"; exit 1; }
+  done
+}
+
+# Every process on the hosts, with what each thread waits in (the kernel's stack, and gdb's
+# backtrace where gdb is installed): what a test shows when something there did not end.
+hosts_report() {
+  local ns pid tid
+  for ns in "${HOST_NS[@]}" $A $B; do
+    for pid in $(ip netns pids "$ns" 2>/dev/null); do
+      echo "--- $ns: pid $pid: $(tr '\0' ' ' </proc/$pid/cmdline 2>/dev/null)"
+      for tid in /proc/$pid/task/*; do
+        echo "  thread ${tid##*/} ($(cat $tid/comm 2>/dev/null)): $(awk '{print $3}' $tid/stat 2>/dev/null) in $(cat $tid/wchan 2>/dev/null)"
+      done
+      command -v gdb >/dev/null && timeout 60 gdb -q -batch -p "$pid" -ex "thread apply all bt" 2>/dev/null | grep -E "^(Thread|#)"
+    done
   done
 }
 

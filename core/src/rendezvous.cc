@@ -23,10 +23,13 @@ std::shared_ptr<Store> connect_store(const Environment& env, std::optional<std::
   } else {
     store = TcpStore::serve(env.master_addr, env.master_port, timeout);
   }
+  return attempt_store(std::move(store), env.restart_count);
+}
+
+std::shared_ptr<Store> attempt_store(std::shared_ptr<Store> store, int restart_count) {
   // A restarted job meets on the same store: each attempt under its own keys.
-  if (env.restart_count > 0)
-    store = std::make_shared<PrefixStore>(detail::concat("attempt/", env.restart_count, "/"), store);
-  return store;
+  if (restart_count == 0) return store;
+  return std::make_shared<PrefixStore>(detail::concat("attempt/", restart_count, "/"), std::move(store));
 }
 
 namespace {

@@ -11,12 +11,16 @@
 
 #include <chrono>
 #include <fstream>
+#include <future>
 #include <regex>
 #include <set>
 #include <sstream>
 #include <thread>
 
+#include "chorus/core/communicator.h"
+#include "chorus/core/elastic_agent.h"
 #include "chorus/core/error.h"
+#include "chorus/core/rendezvous.h"
 #include "chorus/core/store.h"
 #include "chorus/core/tcp_store.h"
 
@@ -547,6 +551,48 @@ TEST(Elastic, LosingANodeFormsARoundOfTheRestAndAFailureDuringRecoveryAnother) {
   EXPECT_TRUE(all_gone(pids_in(dir))) << "a worker outlived its job";
   EXPECT_TRUE(segments_of(pids_in(dir)).empty());
   (void)before;
+}
+
+// A round that ends while a rank still meets in its store: an in-process worker on its way into
+// the group of a round another agent's proposal overtook (Note [Elastic in process]). The agent
+// that served the round ends its rendezvous as it moves on, and the rank raises PeerFailure
+// saying so within seconds, not at its deadline waiting for ranks that went ahead.
+TEST(Elastic, RanksStillMeetingInARoundThatEndedStopWaiting) {
+  chorus::ElasticOptions o;
+  o.run_id = "overtaken";
+  o.min_nodes = o.max_nodes = 2;
+  o.endpoints = {{"127.0.0.1", free_port()}};
+  o.join_timeout = 20s;
+  chorus::ElasticAgent a(o), b(o);  // a serves the endpoint: node 0, and the rounds' stores
+  auto both = [&] {
+    auto other = std::async(std::launch::async, [&] { return b.next_round(chorus::ElasticAgent::Cause::Membership); });
+    chorus::Round r = a.next_round(chorus::ElasticAgent::Cause::Membership);
+    other.get();
+    return r;
+  };
+  both();
+  const chorus::Round round = both();  // round 1: its ranks meet under the keys of attempt 1
+  ASSERT_EQ(round.number, 1);
+  ASSERT_EQ(round.members[0].id, a.self().id);
+  auto store = chorus::attempt_store(std::make_shared<chorus::TcpStore>(round.members[0].addr, round.store_port), 1);
+  auto meeting = std::async(std::launch::async, [&] {
+    chorus::CommunicatorOptions co;
+    co.timeout = 30s;
+    try {
+      chorus::Communicator::create(store, 0, 2, co);  // its peer never comes
+      return std::string("formed");
+    } catch (const chorus::PeerFailure& e) {
+      return std::string(e.what());
+    } catch (const chorus::Error& e) {
+      return std::string("not PeerFailure: ") + e.what();
+    }
+  });
+  std::this_thread::sleep_for(500ms);
+  const auto ended = std::chrono::steady_clock::now();
+  EXPECT_EQ(both().number, 2);
+  const std::string said = meeting.get();
+  EXPECT_NE(said.find("stopped waiting for the others to join: round 1 is over"), std::string::npos) << said;
+  EXPECT_LT(std::chrono::steady_clock::now() - ended, 10s) << said;
 }
 
 TEST(Elastic, FewerThanMinLeftWaitsThenNamesTheLostNodes) {

@@ -101,6 +101,7 @@ Round ElasticAgent::next_round(Cause cause) {
   Impl& s = *impl_;
   const ElasticOptions& o = s.o;
   s.stop_monitor();
+  s.end_rendezvous();
   s.drop_round();
   const auto start = Clock::now();
   const auto deadline = start + o.join_timeout;

@@ -17,6 +17,7 @@
 #include <sstream>
 #include <thread>
 
+#include "chorus/core/rendezvous.h"
 #include "chorus/core/tcp_store.h"
 #include "launch/elastic_record.h"
 #include "store/socket_util.h"
@@ -70,6 +71,18 @@ struct ElasticAgent::Impl {
       }
     }
     return round_client_;
+  }
+  // The round this node serves is over (next_round): ranks still meeting in its store stop
+  // waiting (Note [Elastic in process]: a worker on its way into a group whose round was
+  // overtaken waits for ranks that went on to the newer one).
+  void end_rendezvous() {
+    if (!round_store) return;
+    try {
+      if (auto rc = round_client())
+        abort_rendezvous(*attempt_store(rc, int(current.number)), -1,
+                         concat("round ", current.number, " is over: chorusrun forms a newer one"));
+    } catch (const StoreError&) {
+    }
   }
   // The round's store is kept until the next round starts: in-process workers still tell it
   // that they leave the old group, and a store gone at that moment costs each of them its

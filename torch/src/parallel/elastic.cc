@@ -13,6 +13,10 @@
 // supply it, from their own copies or their partners'; newcomers receive it) and a commit is made
 // at once, so that the new group's layout is protected before its first step. A joining node's
 // agent starts new workers; they enter run() like any other and receive the state in restore().
+// A round can be overtaken while its workers meet: two agents that noticed a loss each propose,
+// one's workers take the first round, the other's only the second. The agent that served the
+// first ends its rendezvous when it moves on (abort_rendezvous), and a worker whose new group did
+// not form goes to the next round as after a failed one: none waits for ranks that went ahead.
 #include "chorus/elastic.h"
 
 #include <torch/nn/module.h>
@@ -90,7 +94,20 @@ int64_t State::memory_bytes() const { return memory_->bytes(); }
 void run(State& state, const std::function<void(ProcessGroup&)>& train, std::chrono::milliseconds round_timeout) {
   for (bool first = true;; first = false) {
     if (!first) trace(-1, "initializing the new group");
-    auto world = init_process_group();
+    std::shared_ptr<ProcessGroup> world;
+    try {
+      world = init_process_group();
+    } catch (const Error& e) {
+      // A later group that did not form: its round was overtaken while the ranks met, or one of
+      // them was lost meanwhile. On to the next round, as after a failed group.
+      if (first) throw;
+      std::fprintf(stderr,
+                   "[chorus] elastic: the new group did not form (%s); at commit %lld, waiting for the next round\n",
+                   e.what(), (long long)state.commits());
+      ask_for_new_round(e.what());
+      await_next_round(round_timeout);
+      continue;
+    }
     announce_in_process(world->communicator());
     {
       // The agents usually learn of a lost node before the ranks do (a heartbeat, against a

@@ -21,9 +21,14 @@ namespace chorus {
 std::shared_ptr<Store> connect_store(const Environment& env,
                                      std::optional<std::chrono::milliseconds> timeout = std::nullopt);
 
-// A launcher's word to ranks still meeting on `store` that the job is over (a worker failed):
-// ranks waiting in Communicator::create raise PeerFailure naming `failed_rank` and `why` within
-// about a second instead of at their deadline.
+// The keys attempt `restart_count` of a restarted job meets under, in `store` (the store itself
+// for the first attempt): what connect_store gives the ranks, for a launcher that writes to them.
+std::shared_ptr<Store> attempt_store(std::shared_ptr<Store> store, int restart_count);
+
+// A launcher's word to ranks still meeting on `store` that the job is over (a worker failed), or
+// (chorusrun --nnodes) that their round is: ranks waiting in Communicator::create raise
+// PeerFailure naming `failed_rank` (-1: none) and `why` within about a second instead of at their
+// deadline.
 void abort_rendezvous(Store& store, int failed_rank, const std::string& why);
 // The launcher's word, if it said it: (failed rank, why).
 std::optional<std::pair<int, std::string>> rendezvous_aborted(Store& store);
