@@ -2,7 +2,8 @@
 // [Joining a sharded job]): a FullShard model and its Adam state put back after a node is lost,
 // at another world size, from the survivors' own copies and their partners'; a newcomer gets its
 // shards; losing a rank together with its partner is an error naming them. The worker side of
-// elastic::run on real hosts is tests/elastic_hosts.sh.
+// elastic::run on real hosts is tests/elastic_hosts.sh; one of its races, a round overtaken while
+// its ranks meet, is played here with the agents' keys written by hand.
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -10,7 +11,9 @@
 #include <filesystem>
 #include <string>
 
+#include "chorus/core/rendezvous.h"
 #include "chorus/core/supervisor.h"
+#include "chorus/core/tcp_store.h"
 #include "groups/placement.h"
 #include "parallel/checkpoint/in_memory.h"
 #include "parallel/sharded/state.h"
@@ -191,6 +194,61 @@ TEST(MemoryCommits, LosingARankAndItsPartnerIsAnErrorNamingThem) {
       RANK_CHECK(what.find("checkpoint on disk") != std::string::npos, "said: ", what);
     }
   });
+}
+
+// The worker side of a round overtaken while its ranks met (Note [Elastic in process]): after
+// the first group fails, rank 0 is told round 1 and waits there for rank 1, which is told only
+// round 2 (its agent went straight to it). Process 2 plays the agents, in chorusrun's keys: it
+// ends round 1's rendezvous and publishes round 2. Rank 0 leaves round 1 for round 2 instead of
+// waiting out its 30-minute deadline, and the two train on in one group.
+TEST(ElasticRun, AWorkerWhoseRoundWasOvertakenGoesOnToTheNext) {
+  auto place = [](int rank, int round, int port) {
+    Environment e = single_node(rank, 2, port, "overtaken");
+    e.restart_count = round;
+    return e;
+  };
+  auto published = [&](int rank, int round, int port) {  // what chorusrun writes in worker/<local rank>
+    std::string text = std::to_string(round) + "\n";
+    for (const auto& [k, v] : launcher_environment(place(rank, round, port))) text += k + "=" + v + "\n";
+    return text;
+  };
+  expect_all_ok(run_ranks(
+      3,
+      [&](RankContext& ctx) {
+        const int port = ctx.store_port;
+        if (ctx.rank == 2) {
+          auto agents = std::make_shared<TcpStore>("127.0.0.1", port);
+          agents->wait({"worker/request"}, std::chrono::seconds(60));  // the first group failed
+          agents->set("worker/0", published(0, 1, port));
+          std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // rank 0 waits in round 1
+          abort_rendezvous(*attempt_store(agents, 1), -1, "round 1 is over: chorusrun forms a newer one");
+          agents->set("worker/0", published(0, 2, port));
+          agents->set("worker/1", published(1, 2, port));
+          return;
+        }
+        for (const auto& [k, v] : launcher_environment(place(ctx.rank, 0, port))) setenv(k.c_str(), v.c_str(), 1);
+        setenv("CHORUS_ELASTIC", "1", 1);
+        setenv("CHORUS_AGENT_ADDR", "127.0.0.1", 1);
+        setenv("CHORUS_AGENT_PORT", std::to_string(port).c_str(), 1);
+        at::set_num_threads(1);
+        int64_t step = 0;
+        elastic::State state{{"step", step}};
+        std::vector<std::string> rounds;
+        elastic::run(state, [&](ProcessGroup& world) {
+          rounds.push_back(std::getenv("CHORUS_RESTART_COUNT"));
+          if (rounds.size() == 1) {  // the first group fails: rank 1 leaves it
+            if (world.rank() == 1) world.communicator().abort("rank 1 left the group");
+            world.barrier();
+          }
+          at::Tensor one = torch::ones({1});
+          world.all_reduce_(one);
+          RANK_CHECK(one.item<float>() == 2, "the group of round ", rounds.back(), " summed ", one.item<float>());
+        });
+        RANK_CHECK((rounds == std::vector<std::string>{"0", "2"}), "trained in rounds ",
+                   rounds.size() > 1 ? rounds[1] : "-");
+        destroy_process_group();
+      },
+      std::chrono::seconds(120)));
 }
 
 }  // namespace
