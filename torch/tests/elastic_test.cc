@@ -220,8 +220,10 @@ TEST(ElasticRun, AWorkerWhoseRoundWasOvertakenGoesOnToTheNext) {
           auto agents = std::make_shared<TcpStore>("127.0.0.1", port);
           agents->wait({"worker/request"}, std::chrono::seconds(60));  // the first group failed
           agents->set("worker/0", published(0, 1, port));
-          std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // rank 0 waits in round 1
-          abort_rendezvous(*attempt_store(agents, 1), -1, "round 1 is over: chorusrun forms a newer one");
+          // Rank 0 has begun to meet in round 1 (its communicator's first key, under attempt 1's).
+          auto round1 = attempt_store(agents, 1);
+          round1->wait({"chorus/world/created_by/0"}, std::chrono::seconds(60));
+          abort_rendezvous(*round1, -1, "round 1 is over: chorusrun forms a newer one");
           agents->set("worker/0", published(0, 2, port));
           agents->set("worker/1", published(1, 2, port));
           return;
