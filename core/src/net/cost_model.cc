@@ -123,8 +123,10 @@ double predict(OpKind op, Algorithm a, size_t bytes, int p, const NetCost& c) {
       return (P - 1) * (step + n * c.beta);
     case OpKind::Broadcast:
       if (a == Algorithm::Chain) {
+        // The segments stream: each hop's latency is paid once, while the pipe fills; then every
+        // step costs its two messages' overhead and a segment's bytes.
         const double s = double(chain_segments(bytes, p, c));
-        return (P - 2 + s) * (step + n / s * c.beta);
+        return (P - 1) * c.alpha + (P - 2 + s) * (2 * c.o + n / s * c.beta);
       }
       if (a == Algorithm::ScatterRing)
         return c.alpha + (P - 1) * c.o + (P - 1) / P * n * c.beta + (P - 1) * (step + n / P * c.beta);
@@ -135,7 +137,7 @@ double predict(OpKind op, Algorithm a, size_t bytes, int p, const NetCost& c) {
 
 size_t chain_segments(size_t bytes, int p, const NetCost& c) {
   if (p <= 2) return 1;
-  const double best = std::sqrt(double(p - 2) * double(bytes) * c.beta / (c.alpha + 2 * c.o));
+  const double best = std::sqrt(double(p - 2) * double(bytes) * c.beta / std::max(2 * c.o, 1e-9));
   const double most = std::max(1.0, double(bytes) / double(16 << 10));
   return size_t(std::clamp(std::round(best), 1.0, most));
 }

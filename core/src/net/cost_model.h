@@ -54,7 +54,8 @@ std::vector<Algorithm> candidates(OpKind op);
 // and broadcast's buffer, reduce_scatter's output block, all_gather's input block).
 double predict(OpKind op, Algorithm a, size_t bytes, int p, const NetCost& c);
 // How many segments a chain broadcast of `bytes` over p ranks cuts them into: the count that
-// minimizes (P - 2 + S)(alpha + 2 o + bytes / S beta), at least 16 KiB each.
+// minimizes (P - 2 + S)(2 o + bytes / S beta), at least 16 KiB each (the chain pays each hop's
+// alpha once: its segments stream, the next sent as the last arrives).
 size_t chain_segments(size_t bytes, int p, const NetCost& c);
 // The candidate with the smallest prediction, unless `forced` names one for this op ("ring" for
 // every op that has it, or per op: {"all_reduce": "ring"}).
