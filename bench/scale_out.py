@@ -21,15 +21,16 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIELDS = ["op", "bytes", "nodes", "ranks_per_node", "scheme", "algorithm", "seconds", "busbw_GBps", "rank0_seconds"]
 # This machine's namespace hosts (chorus-sim --testbed 2), as the fit to bench/hosts_bench.sh's
-# three layouts of 2026-11-26 (main at ffad501; calibrate --fit-on 2x2,3x2,4x1) left them: the
-# veth/bridge "network" is the kernel copying between the namespaces on the same 2 cores. The fit
-# put a message's time in CPU work (per message, wake-ups) and the latencies near zero, which those
-# layouts cannot tell apart from the reverse (docs/scale-out.md). The cost model chooses with what
-# the tcp engine measured on them (CHORUS_LOG_LEVEL=1 prints it: alpha about 6.5 us, 15 Gb/s), as
-# the runs did; the fit leaves those two alone.
-VETH = {"link-gbps": 513.0, "link-lat-us": 0.427, "o-us": 5.26, "fold-gbps": 529.0, "shm-gbps": 37.2, "shm-lat-us": 0.835,
-        "kernel-copy-gbps": 20.0, "socket-buffer-kib": 2500.0, "loopback-lat-us": 0.0896, "wake-us": 4.0,
-        "cache-kib": 1024.0, "cached-copy-gbps": 30.8, "cost-alpha-us": 6.5, "cost-gbps": 15.0}
+# three layouts of 2026-11-26 on a 2-core AMD EPYC VM (main at e7eb852, docs/img/hosts_measured.csv;
+# calibrate --fit-on 2x2,3x2,4x1) left them: the veth/bridge "network" is the kernel copying
+# between the namespaces on the same 2 cores. The fit put a message's time in CPU work (per
+# message, wake-ups) and the latencies near zero, which those layouts cannot tell apart from the
+# reverse (docs/scale-out.md). The cost model chooses with what the tcp engine measured on them
+# (CHORUS_LOG_LEVEL=1 prints it: alpha 11 to 32 us from run to run, median 24; 14 to 23 Gb/s,
+# median 20), as the runs did; the fit leaves those two alone.
+VETH = {"link-gbps": 11100.0, "link-lat-us": 0.0166, "o-us": 5.49, "fold-gbps": 253.0, "shm-gbps": 46.2,
+        "shm-lat-us": 8.3, "kernel-copy-gbps": 27.1, "socket-buffer-kib": 10900.0, "loopback-lat-us": 0.00758,
+        "wake-us": 7.66, "cache-kib": 1024.0, "cached-copy-gbps": 35.1, "cost-alpha-us": 24.0, "cost-gbps": 20.0}
 FITTED = [k for k in VETH if not k.startswith("cost-")]
 # A node: shared memory at what bench/compare.py measures here (membw_pair: a 64 MiB memcpy in 9.6 ms
 # while another process copies, 56 Gb/s; membw's a+=b at 10 GB/s for folds), 1 us per step; the
@@ -133,10 +134,19 @@ def calibrate(args):
     plot_calibration(out, os.path.join(args.out, "calibration.png"))
 
 
-def plot_calibration(rows, path):
-    import matplotlib
+def pyplot():
+    """matplotlib's pyplot, drawing to files; scripts/install-deps.sh --bench installs matplotlib in .venv."""
+    try:
+        import matplotlib
+    except ImportError:
+        sys.exit("scale_out.py: the plots need matplotlib: scripts/install-deps.sh --bench installs it in .venv")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_calibration(rows, path):
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 5))
     markers = {"2x2": "o", "3x2": "s", "4x1": "^"}
     for layout in sorted({r["layout"] for r in rows}):
@@ -261,9 +271,7 @@ def human_time(seconds):
 
 
 def plot_predictions(rows, out):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     sizes = sorted({int(r["bytes"]) for r in rows})
     for metric, label, fname in [("seconds", "all_reduce time (s)", "scale_out_time.png"),
                                  ("busbw_GBps", "bus bandwidth (GB/s)", "scale_out_busbw.png")]:
