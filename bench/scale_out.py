@@ -3,11 +3,11 @@
 bench/hosts_bench.sh, then predict all_reduce at 2-1,024 nodes x 8-64 ranks per node, and check
 that the algorithm chorus's cost model picks is the one the simulation finds fastest.
 
-  bench/scale_out.py calibrate MEASURED.csv [--terms ...]   prediction vs measurement, per row
-  bench/scale_out.py predict [--quick]                      the sweep, its CSV and plots
-  bench/scale_out.py all MEASURED.csv                       both
+  bench/scale_out.py calibrate MEASURED.csv... [--terms ...]  prediction vs measurement, per row
+  bench/scale_out.py predict [--quick]                         the sweep, its CSV and plots
+  bench/scale_out.py all MEASURED.csv...                       both
 
-MEASURED.csv is hosts_bench.sh --csv's output. Plots and CSVs go to docs/img (--out)."""
+MEASURED.csv is hosts_bench.sh --csv's output (several: their layouts together). Plots and CSVs go to docs/img (--out)."""
 import argparse
 import csv
 import math
@@ -21,16 +21,19 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIELDS = ["op", "bytes", "nodes", "ranks_per_node", "scheme", "algorithm", "seconds", "busbw_GBps", "rank0_seconds"]
 # This machine's namespace hosts (chorus-sim --testbed 2), as the fit to bench/hosts_bench.sh's
-# three layouts of 2026-11-26 on a 2-core AMD EPYC VM (main at e7eb852, docs/img/hosts_measured.csv;
-# calibrate --fit-on 2x2,3x2,4x1) left them: the veth/bridge "network" is the kernel copying
-# between the namespaces on the same 2 cores. The fit put a message's time in CPU work (per
-# message, wake-ups) and the latencies near zero, which those layouts cannot tell apart from the
-# reverse (docs/scale-out.md). The cost model chooses with what the tcp engine measured on them
+# runs on a 2-core AMD EPYC VM left them (calibrate --fit-on 2x2,3x2,4x1,4x2; the rows are
+# docs/img/hosts_measured.csv, main at e7eb852, and hosts_measured_2x3_4x2.csv, a day later, whose
+# 2x3 the fit leaves out to check it): the veth/bridge "network" is the kernel copying between the
+# namespaces on the same 2 cores. The fit put a message's time in CPU work (per message, wake-ups,
+# growing with the ranks that share a core) and the latencies near zero (docs/scale-out.md says
+# what that means). The cost model chooses with what the tcp engine measured on them
 # (CHORUS_LOG_LEVEL=1 prints it: alpha 11 to 32 us from run to run, median 24; 14 to 23 Gb/s,
-# median 20), as the runs did; the fit leaves those two alone.
-VETH = {"link-gbps": 11100.0, "link-lat-us": 0.0166, "o-us": 5.49, "fold-gbps": 253.0, "shm-gbps": 46.2,
-        "shm-lat-us": 8.3, "kernel-copy-gbps": 27.1, "socket-buffer-kib": 10900.0, "loopback-lat-us": 0.00758,
-        "wake-us": 7.66, "cache-kib": 1024.0, "cached-copy-gbps": 35.1, "cost-alpha-us": 24.0, "cost-gbps": 20.0}
+# median 20; folds at 354 Gb/s; o is its default), as the runs did; the fit leaves those alone.
+VETH = {"link-gbps": 9.12e6, "link-lat-us": 0.0128, "o-us": 5.98, "fold-gbps": 63.2, "shm-gbps": 46.2,
+        "shm-lat-us": 0.8, "kernel-copy-gbps": 28.3, "socket-buffer-kib": 4380.0, "loopback-lat-us": 0.000563,
+        "wake-us": 2.28, "crowd": 0.168, "cache-kib": 2040.0, "cached-copy-gbps": 41.8, "cost-alpha-us": 24.0,
+        "cost-gbps": 20.0, "cost-fold-gbps": 354.0, "cost-o-us": 2.0}
+VETH_FITTED_ON = {"2x2", "3x2", "4x1", "4x2"}
 FITTED = [k for k in VETH if not k.startswith("cost-")]
 # A node: shared memory at what bench/compare.py measures here (membw_pair: a 64 MiB memcpy in 9.6 ms
 # while another process copies, 56 Gb/s; membw's a+=b at 10 GB/s for folds), 1 us per step; the
@@ -51,12 +54,13 @@ def simulate(sim, op, nbytes, nodes, per_node, scheme="chorus", algorithm=None, 
     return dict(zip(FIELDS, out.split(",")))
 
 
-def measured_rows(path):
-    """hosts_bench.sh --csv -> {(layout, op, bytes): median over the runs of chorus's median, us}."""
+def measured_rows(paths):
+    """hosts_bench.sh --csv files -> {(layout, op, bytes): median over the runs of chorus's median, us}."""
     rows = defaultdict(list)
-    for r in csv.DictReader(open(path)):
-        if r["impl"] == "chorus":
-            rows[(r["layout"], r["op"], int(r["bytes"]))].append(float(r["median_us"]))
+    for path in paths:
+        for r in csv.DictReader(open(path)):
+            if r["impl"] == "chorus":
+                rows[(r["layout"], r["op"], int(r["bytes"]))].append(float(r["median_us"]))
     return {k: statistics.median(v) for k, v in rows.items()}
 
 
@@ -100,8 +104,8 @@ def calibrate(args):
     for kv in args.terms or []:
         k, v = kv.split("=")
         terms[k] = float(v)
-    fit_on = set(args.fit_on.split(",")) if args.fit_on else set()
-    if fit_on:
+    fit_on = set(args.fit_on.split(",")) if args.fit_on else set() if args.terms else VETH_FITTED_ON
+    if args.fit_on:
         keys = sorted(k for k in measured if k[0] in fit_on)
         terms = fit(args.sim, keys, [measured[k] for k in keys], terms, [n for n in FITTED if n not in (args.keep or [])],
                     args.step)
@@ -148,10 +152,13 @@ def pyplot():
 def plot_calibration(rows, path):
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 5))
-    markers = {"2x2": "o", "3x2": "s", "4x1": "^"}
+    markers = {"2x2": "o", "3x2": "s", "4x1": "^", "2x3": "D", "4x2": "v"}
     for layout in sorted({r["layout"] for r in rows}):
         pts = [(float(r["measured_us"]), float(r["predicted_us"])) for r in rows if r["layout"] == layout]
-        ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker=markers.get(layout, "x"), label=layout)
+        fitted = any(r["fitted_on"] for r in rows if r["layout"] == layout)
+        ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker=markers.get(layout, "x"),
+                   label=layout + ("" if fitted else " (held out)"), facecolors=None if fitted else "none",
+                   edgecolors=None if fitted else f"C{len(ax.collections)}")
     lo = min(min(float(r["measured_us"]), float(r["predicted_us"])) for r in rows) / 1.5
     hi = max(max(float(r["measured_us"]), float(r["predicted_us"])) for r in rows) * 1.5
     ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
@@ -297,7 +304,7 @@ def plot_predictions(rows, out):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", choices=["calibrate", "predict", "all"])
-    ap.add_argument("measured", nargs="?")
+    ap.add_argument("measured", nargs="*", help="hosts_bench.sh --csv files")
     ap.add_argument("--sim", default=os.path.join(ROOT, "build", "bench", "chorus-sim"))
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "img"))
     ap.add_argument("--quick", action="store_true", help="fewer node counts and ranks per node")

@@ -23,7 +23,8 @@
 //   --fold-gbps                  folding one buffer into another
 //   --shm-gbps, --shm-lat-us     a node's shared memory per rank (bus bandwidth) and step latency
 //   --cost-alpha-us, --cost-gbps the network terms chorus's cost model picks with (default: what
-//                                the platform gives a message between two nodes)
+//                                the platform gives a message between two nodes); --cost-fold-gbps
+//                                and --cost-o-us its other two (default: --fold-gbps, --o-us)
 //   --testbed CORES              instead of a fat tree, the namespace hosts of bench/hosts_bench.sh:
 //                                every rank on one machine of CORES cores, whose kernel carries
 //                                every message (one link, both directions sharing --link-gbps;
@@ -38,6 +39,10 @@
 //                                message of up to --cache-kib
 //   --socket-buffer-kib          a send up to this size is done for its sender once copied
 //   --wake-us                    a testbed rank's time to be woken when it slept for a message
+//   --crowd                      with more testbed ranks than cores, each one's per-message time
+//                                (--o-us, --wake-us, --shm-lat-us) grows by this much for every
+//                                rank per core beyond the first (as the ranks' run time per
+//                                message grows here, docs/scale-out.md)
 // Prints: op,bytes,nodes,ranks_per_node,scheme,algorithm,seconds,busbw_GBps,rank0_seconds
 // (seconds: until every rank is done, the testbed's barrier included; rank0_seconds: rank 0's own
 // time in the call, what the benchmarks time)
@@ -67,12 +72,13 @@ namespace {
 
 struct Terms {
   double link_gbps = 10, link_lat_us = 10, o_us = 2, fold_gbps = 40, shm_gbps = 40, shm_lat_us = 2;
-  double cost_alpha_us = -1, cost_gbps = -1;
+  double cost_alpha_us = -1, cost_gbps = -1, cost_fold_gbps = -1, cost_o_us = -1;
   bool shared_links = false;  // both directions of a link share its bandwidth (one CPU copying both ways)
   int testbed_cores = 0;      // > 0: --testbed
   double kernel_copy_gbps = 40, socket_buffer_kib = 2048;  // the testbed's kernel
-  double loopback_lat_us = -1;                 // the testbed's messages inside a namespace host (< 0: --link-lat-us)
-  double wake_us = 0;                          // the testbed's rank's time to be woken by a message it slept for
+  double loopback_lat_us = -1;  // the testbed's messages inside a namespace host (< 0: --link-lat-us)
+  double wake_us = 0;           // the testbed's rank's time to be woken by a message it slept for
+  double crowd = 0;             // the testbed's per-message work (o, wake, shm-lat) x (1 + crowd (ranks / cores - 1))
   double cache_kib = 0, cached_copy_gbps = 0;  // the kernel's copies of messages up to cache_kib (0: none)
   // The testbed's kernel copying a message into or out of a socket, s: faster while it fits in cache.
   double kernel_copy(size_t bytes) const {
@@ -295,10 +301,13 @@ int main(int argc, char** argv) {
                                                 {"--shm-lat-us", &t.shm_lat_us},
                                                 {"--cost-alpha-us", &t.cost_alpha_us},
                                                 {"--cost-gbps", &t.cost_gbps},
+                                                {"--cost-fold-gbps", &t.cost_fold_gbps},
+                                                {"--cost-o-us", &t.cost_o_us},
                                                 {"--kernel-copy-gbps", &t.kernel_copy_gbps},
                                                 {"--socket-buffer-kib", &t.socket_buffer_kib},
                                                 {"--loopback-lat-us", &t.loopback_lat_us},
                                                 {"--wake-us", &t.wake_us},
+                                                {"--crowd", &t.crowd},
                                                 {"--cache-kib", &t.cache_kib},
                                                 {"--cached-copy-gbps", &t.cached_copy_gbps}};
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -341,12 +350,17 @@ int main(int argc, char** argv) {
   const int hops = t.testbed_cores ? 1 : nodes > 32 ? 4 : 2;
   cost.alpha = (t.cost_alpha_us > 0 ? t.cost_alpha_us : hops * t.link_lat_us) * 1e-6;
   cost.beta = 8.0 / ((t.cost_gbps > 0 ? t.cost_gbps : t.link_gbps) * 1e9);
-  cost.gamma = 8.0 / (t.fold_gbps * 1e9);
-  cost.o = t.o_us * 1e-6;
+  cost.gamma = 8.0 / ((t.cost_fold_gbps > 0 ? t.cost_fold_gbps : t.fold_gbps) * 1e9);
+  cost.o = (t.cost_o_us > 0 ? t.cost_o_us : t.o_us) * 1e-6;
   std::map<std::string, std::string> force;
   if (!forced.empty()) force = parse_forced(forced, "--algorithm");
 
   const int L = per_node, P = nodes * per_node;
+  // The testbed's ranks sharing a core: each one's per-message work grows with them.
+  if (t.testbed_cores && P > t.testbed_cores && t.crowd > 0) {
+    const double f = 1 + t.crowd * (double(P) / t.testbed_cores - 1);
+    t.o_us *= f, t.wake_us *= f, t.shm_lat_us *= f;
+  }
   const size_t elem = 4;
   std::string algorithm = scheme;
   if (scheme == "chorus") {
