@@ -94,7 +94,11 @@ void request_new_round(Communicator& comm) {
 }
 
 void announce_in_process(Communicator& comm) {
-  if (launched() && comm.rank() == 0) round_store().tell_once(kInProcessKey);
+  if (!launched()) return;
+  // Every node's agent hears it from its own workers: the round's store is node 0's, which may
+  // be the node that is lost before an agent has asked it.
+  agent_store().tell_once(kInProcessKey);
+  if (comm.rank() == 0) round_store().tell_once(kInProcessKey);
 }
 
 void ask_for_new_round(const std::string& why) {

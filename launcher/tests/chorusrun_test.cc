@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "chorus/core/communicator.h"
+#include "chorus/core/elastic.h"
 #include "chorus/core/elastic_agent.h"
 #include "chorus/core/error.h"
 #include "chorus/core/rendezvous.h"
@@ -593,6 +594,44 @@ TEST(Elastic, RanksStillMeetingInARoundThatEndedStopWaiting) {
   const std::string said = meeting.get();
   EXPECT_NE(said.find("stopped waiting for the others to join: round 1 is over"), std::string::npos) << said;
   EXPECT_LT(std::chrono::steady_clock::now() - ended, 10s) << said;
+}
+
+// In-process workers say so in their own agent's store as well as in the round's (node 0's), so
+// an agent whose node 0 is lost before its monitor asked the round's store still keeps its workers
+// waiting in their processes instead of stopping them. b's heartbeat is long enough that its
+// monitor never asks while node 0 is there.
+TEST(Elastic, AnAgentWhoseNodeZeroIsLostStillKnowsItsWorkersRecoverInProcess) {
+  chorus::ElasticOptions o;
+  o.run_id = "in-process";
+  o.min_nodes = 1;
+  o.max_nodes = 2;
+  o.endpoints = {{"127.0.0.1", free_port()}};
+  o.join_timeout = 20s;
+  auto a = std::make_unique<chorus::ElasticAgent>(o);  // serves the endpoint: node 0
+  chorus::ElasticOptions ob = o;
+  ob.heartbeat = 60s;
+  chorus::ElasticAgent b(ob);
+  auto other = std::async(std::launch::async, [&] { return b.next_round(chorus::ElasticAgent::Cause::Membership); });
+  const chorus::Round round = a->next_round(chorus::ElasticAgent::Cause::Membership);
+  ASSERT_EQ(other.get().number, round.number);
+  ASSERT_EQ(round.members.size(), 2u);
+  ASSERT_EQ(round.members[0].id, a->self().id);
+  EXPECT_FALSE(b.workers_in_process());
+  {  // one of b's workers, as chorusrun starts it
+    ::setenv("CHORUS_ELASTIC", "1", 1);
+    ::setenv("CHORUS_AGENT_ADDR", b.self().addr.c_str(), 1);
+    ::setenv("CHORUS_AGENT_PORT", std::to_string(b.self().port).c_str(), 1);
+    ::setenv("CHORUS_STORE_ADDR", round.members[0].addr.c_str(), 1);
+    ::setenv("CHORUS_STORE_PORT", std::to_string(round.store_port).c_str(), 1);
+    chorus::TcpStoreServer own("127.0.0.1", 0);
+    auto comm = chorus::Communicator::create(std::make_shared<chorus::TcpStore>("127.0.0.1", own.port()), 0, 1);
+    chorus::elastic::announce_in_process(*comm);
+    for (const char* v :
+         {"CHORUS_ELASTIC", "CHORUS_AGENT_ADDR", "CHORUS_AGENT_PORT", "CHORUS_STORE_ADDR", "CHORUS_STORE_PORT"})
+      ::unsetenv(v);
+  }
+  a.reset();  // node 0, and the round's store with it, are gone
+  EXPECT_TRUE(b.workers_in_process());
 }
 
 TEST(Elastic, FewerThanMinLeftWaitsThenNamesTheLostNodes) {

@@ -185,11 +185,7 @@ int ElasticAgent::nodes_waiting() const {
 
 bool ElasticAgent::reform_requested() { return impl_->round_has(kReformKey); }
 
-bool ElasticAgent::workers_in_process() {
-  Impl& s = *impl_;
-  if (!s.in_process) s.in_process = s.round_has(kInProcessKey);
-  return s.in_process;
-}
+bool ElasticAgent::workers_in_process() { return impl_->learn_in_process(); }
 
 bool ElasticAgent::round_requested() {
   try {

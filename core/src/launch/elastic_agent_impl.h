@@ -94,6 +94,18 @@ struct ElasticAgent::Impl {
   }
   // Asks the round's store whether `key` is there; false when it cannot be asked (a client that
   // failed is made again next time).
+  // Whether the workers recover in process (sticky): their own word in this agent's store, or
+  // rank 0's in the round's.
+  bool learn_in_process() {
+    if (!in_process) {
+      try {
+        in_process = local->check({kInProcessKey});
+      } catch (const StoreError&) {
+      }
+    }
+    if (!in_process) in_process = round_has(kInProcessKey);
+    return in_process;
+  }
   bool round_has(const std::string& key) {
     auto rc = round_client();
     try {

@@ -82,7 +82,7 @@ void ElasticAgent::Impl::watch() {
       if (!waiting.empty())
         if (auto rc = round_client()) rc->set(kWaitingKey, concat(waiting.size()));
       // Learnt while the round's store is there to ask: it may be on the node that is lost.
-      if (!in_process) in_process = round_has(kInProcessKey);
+      learn_in_process();
     } catch (const StoreError&) {
     }
     for (const auto& m : current.members) {

@@ -1,8 +1,8 @@
 // Note [Elastic in process]: how a worker survives a change of membership.
 //
 // chorusrun's agents form rounds (Note [Elastic rendezvous]). Workers inside elastic::run tell
-// their agent (chorus/elastic/in_process in the round's store) that they recover in process;
-// the agent then never stops them for a change: it forms the next round and writes each local
+// their agent (chorus/elastic/in_process in its own store, and rank 0 in the round's) that they
+// recover in process; the agent then never stops them for a change: it forms the next round and writes each local
 // worker's new variables into its own store (worker/<local rank>). A worker whose group failed
 // (any collective raised, the communicator marked failed) asks its agent for a new round
 // (worker/request: the agents may not have noticed, if only a link between two workers broke),
