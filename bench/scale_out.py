@@ -7,7 +7,8 @@ that the algorithm chorus's cost model picks is the one the simulation finds fas
   bench/scale_out.py predict [--quick]                         the sweep, its CSV and plots
   bench/scale_out.py all MEASURED.csv...                       both
 
-MEASURED.csv is hosts_bench.sh --csv's output (several: their layouts together). Plots and CSVs go to docs/img (--out)."""
+MEASURED.csv is hosts_bench.sh --csv's output (several: their layouts together). Plots and CSVs
+go to docs/img (--out)."""
 import argparse
 import csv
 import math
@@ -104,7 +105,10 @@ def calibrate(args):
     for kv in args.terms or []:
         k, v = kv.split("=")
         terms[k] = float(v)
-    fit_on = set(args.fit_on.split(",")) if args.fit_on else set() if args.terms else VETH_FITTED_ON
+    if args.fit_on:
+        fit_on = set(args.fit_on.split(","))
+    else:  # the rows VETH was fitted to, unless other terms are given
+        fit_on = set() if args.terms else VETH_FITTED_ON
     if args.fit_on:
         keys = sorted(k for k in measured if k[0] in fit_on)
         terms = fit(args.sim, keys, [measured[k] for k in keys], terms, [n for n in FITTED if n not in (args.keep or [])],
