@@ -107,12 +107,11 @@ def calibrate(args):
         terms[k] = float(v)
     if args.fit_on:
         fit_on = set(args.fit_on.split(","))
-    else:  # the rows VETH was fitted to, unless other terms are given
-        fit_on = set() if args.terms else VETH_FITTED_ON
-    if args.fit_on:
         keys = sorted(k for k in measured if k[0] in fit_on)
         terms = fit(args.sim, keys, [measured[k] for k in keys], terms, [n for n in FITTED if n not in (args.keep or [])],
                     args.step)
+    else:  # the rows VETH was fitted to, unless other terms are given
+        fit_on = set() if args.terms else VETH_FITTED_ON
     keys = sorted(measured)
     got = predictions(args.sim, keys, terms)
     out = []

@@ -92,8 +92,6 @@ struct ElasticAgent::Impl {
     round_client_.reset();
     if (round_store) previous_round_store = std::move(round_store);
   }
-  // Asks the round's store whether `key` is there; false when it cannot be asked (a client that
-  // failed is made again next time).
   // Whether the workers recover in process (sticky): their own word in this agent's store, or
   // rank 0's in the round's.
   bool learn_in_process() {
@@ -106,6 +104,8 @@ struct ElasticAgent::Impl {
     if (!in_process) in_process = round_has(kInProcessKey);
     return in_process;
   }
+  // Asks the round's store whether `key` is there; false when it cannot be asked (a client that
+  // failed is made again next time).
   bool round_has(const std::string& key) {
     auto rc = round_client();
     try {

@@ -2,11 +2,11 @@
 //
 // chorusrun's agents form rounds (Note [Elastic rendezvous]). Workers inside elastic::run tell
 // their agent (chorus/elastic/in_process in its own store, and rank 0 in the round's) that they
-// recover in process; the agent then never stops them for a change: it forms the next round and writes each local
-// worker's new variables into its own store (worker/<local rank>). A worker whose group failed
-// (any collective raised, the communicator marked failed) asks its agent for a new round
-// (worker/request: the agents may not have noticed, if only a link between two workers broke),
-// drops the default group, waits for its new place, sets the variables and initializes the
+// recover in process; the agent then never stops them for a change: it forms the next round and
+// writes each local worker's new variables into its own store (worker/<local rank>). A worker
+// whose group failed (any collective raised, the communicator marked failed) asks its agent for a
+// new round (worker/request: the agents may not have noticed, if only a link between two workers
+// broke), drops the default group, waits for its new place, sets the variables and initializes the
 // default group again on the round's fresh store. Then, on every group: the state's sharded
 // modules are moved onto it (ShardedState::regroup: same tensors, new shard sizes), the newest
 // commit the group's ranks hold completely is put back (Note [Commits in memory]: survivors
