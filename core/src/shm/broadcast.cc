@@ -1,12 +1,63 @@
-// Broadcast: the root streams the message through its slot one chunk per phase; the others
-// copy each chunk out while the root already writes the next one into its other slot. The root
-// leaves once its last chunk is in its slot (Note [Owed waits]). A large message may be streamed
-// into the slot (Note [Streaming into the slots]). Tiny messages ride in the root's call line.
+// Broadcast: the root streams the message through the slots one chunk at a time, and the others
+// copy each chunk out. A message of one or two chunks goes in the group's phases: the root writes
+// a chunk into its slot while the others copy the previous one out of its other slot, and leaves
+// once its last chunk is in (Note [Owed waits]). A longer one goes through every slot of the group
+// (Note [Broadcast through every slot]). A large message may be streamed into the slots (Note
+// [Streaming into the slots]). Tiny messages ride in the root's call line.
+//
+// Note [Broadcast through every slot]: in phases, every chunk is a sync of the whole group: each
+// rank waits for every other one, 128 times for 64 MiB. With a core for every rank that costs
+// little; with more ranks than cores each sync needs every rank to have had its turn on a core,
+// so a core changes hands for every chunk (and a rank that waits for a peer waits for the peer's
+// core-mates too), and a busy core makes every one of those turns late. But only the root writes
+// in a broadcast: the others need nothing from each other, and the root needs from them only that
+// they are done with a slot before it writes there again. So after a first sync (every rank has
+// entered the call, which frees every slot of the group and compares the calls), the root writes
+// chunk k into slot k of the ring of all 2W slots and posts, waiting only before it overwrites a
+// slot, for the readers to have copied the chunk there; each reader waits only for the root's post
+// of the chunk it copies next, and posts when it has copied it. Root and readers each work through
+// up to 2W chunks (2 MiB at W=2, 8 MiB at W=8) per turn on a core. A last sync, after the last
+// chunk, keeps every reader out of the next call until all are done with the slots; the root owes
+// it (Note [Owed waits]). Every rank posts rounds + 1 phases, so the counters agree again after
+// the call.
 
 #include "shm/algorithms.h"
 #include "shm/copy.h"
 
 namespace chorus::shm {
+
+namespace {
+
+// Note [Broadcast through every slot].
+void broadcast_through_ring(ShmGroup& g, const Call& c, uint8_t* buf, size_t bytes) {
+  const bool root = g.rank() == c.root;
+  const size_t chunk = g.slot_bytes(), rounds = rounds_for(bytes, chunk), ring = g.slot_count();
+  const uint32_t base = g.phase();
+  const size_t first = g.write_slot_index(c.root);  // the only slot free before the first sync
+  auto slot = [&](size_t k) { return g.slot_at((first + k) % ring); };
+  SlotStores stores = g.slot_stores(c.kind, bytes);  // Note [Streaming into the slots]
+  if (root) copy_out(slot(0), buf, in_round(bytes, chunk, 0), stores.stream);
+  g.sync();  // phase base + 1: everyone is in the call; chunk 0 is in
+  g.learn_slot_stores(stores);
+  if (root) {
+    for (size_t k = 1; k < rounds; ++k) {
+      // The readers post base + 2 + j once they copied chunk j out.
+      if (k >= ring) g.wait_all(base + 2 + uint32_t(k - ring));
+      copy_out(slot(k), buf + k * chunk, in_round(bytes, chunk, k), stores.stream);
+      g.post();  // phase base + 1 + k: chunk k is in
+    }
+    g.post_last();  // phase base + 1 + rounds, owed: every reader is done with the slots
+    return g.slot_stores_done(stores, bytes);
+  }
+  for (size_t k = 0; k < rounds; ++k) {
+    if (k >= 1) g.wait_rank(c.root, base + 1 + uint32_t(k));
+    copy_out(buf + k * chunk, slot(k), in_round(bytes, chunk, k), bytes >= kStreamMinBytes);
+    g.post();  // phase base + 2 + k: chunk k is copied out
+  }
+  g.wait();  // phase base + 1 + rounds on every rank
+}
+
+}  // namespace
 
 void broadcast(ShmGroup& g, const Call& c) {
   const bool root = g.rank() == c.root;
@@ -23,6 +74,7 @@ void broadcast(ShmGroup& g, const Call& c) {
   }
   const size_t chunk = g.slot_bytes();
   const size_t rounds = rounds_for(bytes, chunk);
+  if (rounds > 2) return broadcast_through_ring(g, c, buf, bytes);
   SlotStores stores = g.slot_stores(c.kind, bytes);  // Note [Streaming into the slots]
   for (size_t k = 0; k < rounds; ++k) {
     const size_t n = in_round(bytes, chunk, k);

@@ -141,18 +141,22 @@ void ShmGroup::post_last() {
   owed_ = true;
 }
 
-void ShmGroup::wait() {
-  const uint32_t target = phase_;
+void ShmGroup::wait() { wait_for(phase_, -1); }
+void ShmGroup::wait_all(uint32_t target) { wait_for(target, -1); }
+void ShmGroup::wait_rank(int r, uint32_t target) { wait_for(target, r); }
+
+void ShmGroup::wait_for(uint32_t target, int only) {
   const size_t line = call_ & 1;
   for (int p = 0; p < world_; ++p) {
-    if (p == rank_) continue;
+    if (p == rank_ || (only >= 0 && p != only)) continue;
     RankControl& peer = seg_.ctrl(p);
     auto ready = [&] { return reached(peer.calls[line].phase.load(std::memory_order_acquire), target); };
     if (!ready()) {
       wait_until(ready, peer.seq, peer.waiters, policy_, may_spin(peer.cpu), [&] {
         std::vector<int> missing;
         for (int q = 0; q < world_; ++q)
-          if (q != rank_ && !reached(seg_.ctrl(q).calls[line].phase.load(std::memory_order_acquire), target))
+          if (q != rank_ && (only < 0 || q == only) &&
+              !reached(seg_.ctrl(q).calls[line].phase.load(std::memory_order_acquire), target))
             missing.push_back(q);
         check_peers(missing, call_name(), started_, deadline_, [&](int q) {
           return !reached(seg_.ctrl(q).calls[line].phase.load(std::memory_order_acquire), target);
@@ -163,7 +167,7 @@ void ShmGroup::wait() {
     if (peer.calls[line].flags.load(std::memory_order_acquire) & kLineAborted)
       check_peers({}, call_name(), started_, deadline_);
   }
-  if (!compared_) {
+  if (!compared_ && only < 0) {
     compared_ = true;
     compare();
   }

@@ -80,6 +80,11 @@ class ShmGroup {
   // rank's own block): post, do it, then wait.
   void post();
   void wait();
+  // Waits until every other rank has posted phase `target` (compares the call, as wait() does), or
+  // only rank `r`: for calls whose ranks post at their own pace (Note [Broadcast through every slot]).
+  void wait_all(uint32_t target);
+  void wait_rank(int r, uint32_t target);
+  uint32_t phase() const { return phase_; }  // the last phase this rank posted
   // The call's last phase on a rank that reads nothing after it: posts it and leaves the wait,
   // and the comparison of a call of one phase, to the next call (Note [Owed waits]).
   void post_last();
@@ -87,6 +92,11 @@ class ShmGroup {
   // no next call (the group is shut down or destroyed). Throws as wait() does.
   void finish(Clock::time_point deadline);
   uint8_t* write_slot() { return seg_.slot(rank_, phase_ + 1); }
+  // Every rank's slots as one ring (Note [Broadcast through every slot]): slot j of slot_count(),
+  // and the index in it of rank r's write_slot() (the phases agree between calls).
+  size_t slot_count() const { return 2 * size_t(world_); }
+  uint8_t* slot_at(size_t j) { return seg_.slot(int(j / 2), uint32_t(j % 2)); }
+  size_t write_slot_index(int r) const { return 2 * size_t(r) + ((phase_ + 1) & 1); }
   const uint8_t* read_slot(int r) { return seg_.slot(r, phase_); }
 
   // Waits until ready() for point-to-point call `c` with `peer`; `word` changes when ready()
@@ -134,7 +144,8 @@ class ShmGroup {
   const std::shared_ptr<SymmetricRegistry>& symmetric() const { return symmetric_; }
 
  private:
-  void compare();  // Note [Comparing calls] on every rank's published call
+  void compare();                            // Note [Comparing calls] on every rank's published call
+  void wait_for(uint32_t target, int only);  // wait_all (only < 0) and wait_rank
   // Throws if the deadline passed, a peer in `awaited` died or left, or any peer aborted. A peer
   // that died or left is named only while still_waiting(peer) (when given) says this rank still
   // waits for it: it may have done its part just before it went (Note [Done, then gone]).
