@@ -44,7 +44,7 @@ class EngineBackend : public Backend {
   std::string name() const override { return engine_->name(); }
 
   void run(const Call& c) override {
-    watch_.check_peers(describe(c));
+    watch_.check_peers_named_by([&] { return describe(c); });
     try {
       if (chorus::point_to_point(c.kind)) return point_to_point(c);
       watch_.begin_collective();
