@@ -35,6 +35,9 @@
 #include "chorus/core/rendezvous.h"
 #include "chorus/core/supervisor.h"
 #include "chorus/core/tcp_store.h"
+#ifdef CHORUS_BENCH_STEP_LOAD
+#include "step_load.h"
+#endif
 
 namespace chorus::bench {
 namespace {
@@ -52,6 +55,7 @@ struct Options {
   bool check = true;
   bool csv = false;
   bool symmetric = false;
+  int step_matmul = 0, step_threads = 2;  // a step's compute before every call (bench/step_load.cc)
 };
 
 size_t parse_size(const std::string& s) {
@@ -95,8 +99,22 @@ double percentile(std::vector<double> v, double p) {
   return v[std::min(v.size() - 1, size_t(p * double(v.size())))];
 }
 
+// A training step's compute before a call (--step-matmul): bench/step_load.cc.
+void step(const Options& o) {
+#ifdef CHORUS_BENCH_STEP_LOAD
+  if (o.step_matmul) chorus_step_load_run();
+#else
+  (void)o;
+#endif
+}
+
 int worker(const Options& o) {
   const Environment env = Environment::detect();
+#ifdef CHORUS_BENCH_STEP_LOAD
+  if (o.step_matmul) chorus_step_load_init(o.step_threads, o.step_matmul);
+#else
+  if (o.step_matmul) throw InvalidArgument("--step-matmul needs the torch layer, and this build has none");
+#endif
   CommunicatorOptions co;
   co.name = "bench";
   co.shm.chunk_bytes = o.chunk_bytes;
@@ -169,6 +187,7 @@ int worker(const Options& o) {
       bool ok = true;
       for (int i = -o.warmup; i < iters; ++i) {
         op.fill(b, count, dt, rank, world, i + o.warmup);
+        step(o);
         comm->barrier();
         auto t0 = Clock::now();
         op.run(*comm, b, count, dt);
@@ -203,7 +222,7 @@ int spawn(int np, char** argv) {
   std::vector<WorkerSpec> specs;
   for (int r = 0; r < np; ++r) {
     specs.push_back({r, args, launcher_environment(single_node(r, np, server.port(), "chorus-bench"))});
-    if (!std::getenv("OMP_NUM_THREADS")) specs.back().env.emplace_back("OMP_NUM_THREADS", "1");
+    for (auto& var : worker_thread_environment(np)) specs.back().env.push_back(var);
   }
   SupervisorOptions options;
   options.capture_output = false;
@@ -235,6 +254,12 @@ int main(int argc, char** argv) {
   app.add_option("--iters", o.iters, "timed iterations per size (default: 200 up to 64K, 50 up to 1M, then 10)");
   app.add_option("-w,--warmup", o.warmup, "untimed iterations first");
   app.add_option("--chunk-bytes", o.chunk_bytes, "shared-memory slot size (default: CHORUS_SHM_CHUNK_BYTES or 512K)");
+  app.add_option("--step-matmul", o.step_matmul,
+                 "before every call, an N x N float matmul on --step-threads intra-op threads, as a training "
+                 "step's compute (0: none)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--step-threads", o.step_threads, "torch.set_num_threads for --step-matmul")
+      ->check(CLI::PositiveNumber);
   app.add_flag("!--no-check", o.check, "skip verifying results");
   app.add_flag("--csv", o.csv, "CSV output");
   app.add_flag("--symmetric", o.symmetric,

@@ -18,11 +18,17 @@ peer's data sits in the reader's cache from the previous call, and Open MPI's si
 nothing between cores. The verdict "at least as fast as Open MPI" is taken against mpi_fresh;
 where Open MPI as programs call it is faster is listed beside it.
 
-  bench/compare.py --build build [--np 2,4,8] [--gloo-np 2] [--repeat 3] [--out bench-results] [--load]
+  bench/compare.py --build build [--np 2,4,8] [--gloo-np 2] [--repeat 3] [--out bench-results] [--load [matmul]]
 
 --load runs a CPU-bound process beside every benchmark (one core taken from the ranks) and prints
 the 95th percentile next to the median, chorus against Open MPI (bench/mpi_tail.c): how much a
-rank that spins loses when a core is not its own.
+rank that spins loses when a core is not its own. --load matmul loads the ranks themselves, as a
+training step does: before every call each rank multiplies two 256 x 256 float matrices on two
+intra-op threads of torch (bench/step_load.cc, the same code in chorus-bench and in mpi_tail.c),
+whose idle thread, by OpenMP's default, then polls on while the call runs. chorus-bench's ranks
+get OMP_WAIT_POLICY=PASSIVE from its launcher as chorusrun's do (Note [Threads of ranks that share
+the cores]); mpirun sets nothing, and Open MPI runs a second time with the same setting (column
+mpi_passive, printed apart).
 
 The barrier is compared by its median, as mpi_collectives.c reports it, and by its mean over the 1000
 calls: with more ranks than cores rank 0's barrier times split in two groups (the calls it reached
@@ -43,6 +49,7 @@ import sys
 import runner
 
 SIZES = [8, 1024, 65536, 1 << 20, 16 << 20, 64 << 20]
+STEP_MATMUL = 256  # --load matmul: the side of the matrices each rank multiplies before every call
 OPS = ["barrier", "all_reduce", "all_gather", "broadcast"]
 
 
@@ -62,10 +69,11 @@ def parse_table(text):
     return rows
 
 
-def chorus_rows(build, world, ops, out, symmetric=False):
-    """chorus-bench's table; with symmetric, between buffers from Communicator::alloc_symmetric."""
+def chorus_rows(build, world, ops, out, symmetric=False, step=()):
+    """chorus-bench's table; with symmetric, between buffers from Communicator::alloc_symmetric; step:
+    the arguments of a step's compute before every call."""
     cmd = [os.path.join(build, "bench", "chorus-bench"), "--np", str(world), "--ops", ",".join(ops),
-           "--sizes", ",".join(str(s) for s in SIZES), "--csv"] + (["--symmetric"] if symmetric else [])
+           "--sizes", ",".join(str(s) for s in SIZES), "--csv"] + (["--symmetric"] if symmetric else []) + list(step)
     name = "chorus_sym" if symmetric else "chorus"
     text = runner.run(cmd, log=os.path.join(out, f"{name}_w{world}_{len(os.listdir(out))}.txt"))
     rows = {}
@@ -127,19 +135,46 @@ def cpu_load(on):
             hog.wait()
 
 
+def load_table(title, chorus, mpi, ops):
+    """Prints median and p95 of chorus and Open MPI side by side; returns the rows ((op, size), chorus, mpi)."""
+    print(f"\n## {title}: p95 / median (us), chorus and Open MPI")
+    print(f"{'op':11s} {'bytes':>9s} {'chorus_med':>10s} {'chorus_p95':>10s} {'mpi_med':>10s} {'mpi_p95':>10s}"
+          f" {'med xmpi':>8s} {'p95 xmpi':>8s}")
+    rows = []
+    for op in ops:
+        for size in SIZES:
+            c, m = chorus.get((op, size)), mpi.get((op, size))
+            if c and m:
+                print(f"{op:11s} {size:>9d} {c[0]:>10.2f} {c[2]:>10.2f} {m[0]:>10.2f} {m[2]:>10.2f}"
+                      f" {m[0] / c[0]:>8.2f} {m[2] / c[2]:>8.2f}")
+                rows.append(((op, size), c, m))
+    return rows
+
+
 def main():
     ap = runner.parser(__doc__, "2,4,8")
     ap.add_argument("--gloo-np", default="2")
     ap.add_argument("--python", default=runner.default_python(), help="the Python with torch for the gloo peer "
                     "(default: the project's .venv)")
-    ap.add_argument("--load", action="store_true", help="a CPU-bound process beside the benchmarks; p95 tables")
+    ap.add_argument("--load", nargs="?", const="cpu", choices=["cpu", "matmul"],
+                    help="cpu (the default): a CPU-bound process beside the benchmarks; matmul: a step's matmul "
+                    "on 2 threads in every rank before every call; p95 tables")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
 
     mpi_bin, membw_bin = os.path.join(args.out, "mpi_bench"), os.path.join(args.out, "membw")
     tail_bin = os.path.join(args.out, "mpi_tail")  # Open MPI on chorus-bench's workload, with p95
     runner.run(["mpicc", "-O2", os.path.join(runner.PEERS, "mpi_collectives.c"), "-o", mpi_bin])
-    runner.run(["mpicc", "-O2", os.path.join(runner.HERE, "mpi_tail.c"), "-o", tail_bin])
+    step = []
+    if args.load == "matmul":  # mpi_tail runs chorus-bench's step: bench/step_load.cc, built with chorus-bench
+        lib_dir = os.path.abspath(os.path.join(args.build, "bench"))
+        if not os.path.exists(os.path.join(lib_dir, "libchorus_step_load.so")):
+            sys.exit(f"--load matmul needs {lib_dir}/libchorus_step_load.so (a build with the torch layer)")
+        runner.run(["mpicc", "-O2", "-DCHORUS_STEP_LOAD", "-I", runner.HERE, os.path.join(runner.HERE, "mpi_tail.c"),
+                    "-L", lib_dir, "-lchorus_step_load", f"-Wl,-rpath,{lib_dir}", "-o", tail_bin])
+        step = ["--step-matmul", str(STEP_MATMUL)]
+    else:
+        runner.run(["mpicc", "-O2", os.path.join(runner.HERE, "mpi_tail.c"), "-o", tail_bin])
     runner.run(["gcc", "-O3", "-march=native", os.path.join(runner.PEERS, "membw.c"), "-o", membw_bin])
     pair_bin = os.path.join(args.out, "membw_pair")
     runner.run(["gcc", "-O3", "-march=native", os.path.join(runner.HERE, "membw_pair.c"), "-o", pair_bin])
@@ -153,6 +188,8 @@ def main():
         runs = {"chorus": [], "chorus_sym": [], "mpi_fresh": []}
         if not args.load:
             runs["mpi"] = []
+        if args.load == "matmul":
+            runs["mpi_passive"] = []
         with_gloo = str(world) in args.gloo_np.split(",") and not args.load
         if with_gloo:
             runs["gloo"] = []
@@ -160,13 +197,17 @@ def main():
         for r in range(args.repeat):
             floors.append(memcpy_floor_us(runner.run([membw_bin], log=os.path.join(args.out, f"membw_w{world}_{r}.txt"))))
             pairs.append(pair_memcpy_us(runner.run([pair_bin, "2"], log=os.path.join(args.out, f"membw_pair_w{world}_{r}.txt"))))
-            with cpu_load(args.load):
-                runs["chorus"].append(chorus_rows(args.build, world, ops, args.out))
+            with cpu_load(args.load == "cpu"):
+                runs["chorus"].append(chorus_rows(args.build, world, ops, args.out, step=step))
                 runs["chorus_sym"].append(
-                    chorus_rows(args.build, world, ["all_reduce", "all_gather"], args.out, symmetric=True))
-                runs["mpi_fresh"].append(tail_rows(runner.run(mpirun + [str(world), tail_bin, "--fresh"],
+                    chorus_rows(args.build, world, ["all_reduce", "all_gather"], args.out, symmetric=True, step=step))
+                runs["mpi_fresh"].append(tail_rows(runner.run(mpirun + [str(world), tail_bin, "--fresh"] + step,
                                                               log=os.path.join(args.out, f"mpi_fresh_w{world}_{r}.txt")),
                                                    world))
+                if args.load == "matmul":  # as chorus's launchers set it (Note [Threads of ranks that share the cores])
+                    runs["mpi_passive"].append(tail_rows(runner.run(
+                        mpirun + [str(world), "-x", "OMP_WAIT_POLICY=PASSIVE", tail_bin, "--fresh"] + step,
+                        log=os.path.join(args.out, f"mpi_passive_w{world}_{r}.txt")), world))
                 if not args.load:
                     runs["mpi"].append(parse_table(runner.run(mpirun + [str(world), mpi_bin],
                                                               log=os.path.join(args.out, f"mpi_w{world}_{r}.txt"))))
@@ -204,16 +245,13 @@ def main():
                         combined.append([world, op, size, impl, *table[(op, size)]])
 
         if args.load:
-            print(f"\n## world size {world} beside a CPU-bound process: p95 / median (us), chorus and Open MPI")
-            print(f"{'op':11s} {'bytes':>9s} {'chorus_med':>10s} {'chorus_p95':>10s} {'mpi_med':>10s} {'mpi_p95':>10s}"
-                  f" {'p95 xmpi':>8s}")
-            for op in ops:
-                for size in SIZES:
-                    c, m = results["chorus"].get((op, size)), results["mpi_fresh"].get((op, size))
-                    if c and m:
-                        print(f"{op:11s} {size:>9d} {c[0]:>10.2f} {c[2]:>10.2f} {m[0]:>10.2f} {m[2]:>10.2f}"
-                              f" {m[2] / c[2]:>8.2f}")
-                        verdicts.check(f"W={world} {op} {size} B: p95 <= Open MPI's under load", c[2] <= m[2])
+            beside = "beside a CPU-bound process" if args.load == "cpu" else f"with a {STEP_MATMUL}^2 matmul on 2 threads before each call"
+            for (op, size), c, m in load_table(f"world size {world} {beside}", results["chorus"], results["mpi_fresh"], ops):
+                verdicts.check(f"W={world} {op} {size} B: median and p95 <= Open MPI's under load",
+                               c[0] <= m[0] and c[2] <= m[2])
+            if args.load == "matmul":
+                load_table(f"world size {world}, the same with Open MPI's threads passive too (OMP_WAIT_POLICY=PASSIVE, "
+                           "as chorus's launchers set it)", results["chorus"], results["mpi_passive"], ops)
             continue
         # Every rank reads its 64 MiB input and writes its 64 MiB output, one memcpy's traffic at
         # least; with more ranks than cores a core carries the memcpys of all the ranks it runs.

@@ -9,12 +9,18 @@
    The barrier is timed as the anchor times it (1000 calls back to back), with the mean too: with
    more ranks than cores rank 0's barrier times split in two groups and the median lands on
    either (see bench/chorus_bench.cc).
-   Build: mpicc -O2 mpi_tail.c -o mpi_tail; run: mpirun -np N mpi_tail [--fresh]
+   With --step-matmul N (built with -DCHORUS_STEP_LOAD and linked to build/bench's
+   libchorus_step_load), each rank runs chorus-bench's step before every call: an N x N float
+   matmul on --step-threads (2) intra-op threads of torch (bench/step_load.cc).
+   Build: mpicc -O2 mpi_tail.c -o mpi_tail; run: mpirun -np N mpi_tail [--fresh] [--step-matmul N]
    Prints: op bytes median_us p95_us mean_us */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef CHORUS_STEP_LOAD
+#include "step_load.h"
+#endif
 
 static int by_value(const void* a, const void* b) {
   double x = *(const double*)a, y = *(const double*)b;
@@ -52,7 +58,27 @@ int main(int argc, char** argv) {
   int rank, world;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  const int fresh = argc > 1 && strcmp(argv[1], "--fresh") == 0;
+  int fresh = 0, step_matmul = 0, step_threads = 2;
+  for (int a = 1; a < argc; a++) {
+    if (strcmp(argv[a], "--fresh") == 0)
+      fresh = 1;
+    else if (strcmp(argv[a], "--step-matmul") == 0 && a + 1 < argc)
+      step_matmul = atoi(argv[++a]);
+    else if (strcmp(argv[a], "--step-threads") == 0 && a + 1 < argc)
+      step_threads = atoi(argv[++a]);
+    else {
+      fprintf(stderr, "mpi_tail: unknown argument %s\n", argv[a]);
+      MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+  }
+#ifdef CHORUS_STEP_LOAD
+  if (step_matmul) chorus_step_load_init(step_threads, step_matmul);
+#else
+  if (step_matmul) {
+    fprintf(stderr, "mpi_tail: --step-matmul needs -DCHORUS_STEP_LOAD and libchorus_step_load\n");
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+#endif
   const long sizes[] = {8, 1024, 65536, 1 << 20, 16 << 20, 64 << 20};
   static double times[1000];
   if (rank == 0) printf("op bytes median_us p95_us mean_us\n");
@@ -69,6 +95,9 @@ int main(int argc, char** argv) {
     for (int op = kAllReduce; op <= kBroadcast; op++) {
       for (int i = -3; i < iters; i++) {  // 3 untimed
         if (fresh) write_input(op, rank, i, x, count);
+#ifdef CHORUS_STEP_LOAD
+        if (step_matmul) chorus_step_load_run();
+#endif
         MPI_Barrier(MPI_COMM_WORLD);
         double t = MPI_Wtime();
         if (op == kAllReduce) MPI_Allreduce(x, y, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);

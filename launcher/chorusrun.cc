@@ -85,7 +85,8 @@ std::vector<std::pair<std::string, std::string>> worker_env(const Options& o, in
   auto env = chorus::launcher_environment(place, o.max_restarts);
   for (auto& [name, value] : env)
     if (name == "MASTER_PORT") value = concat(master_port);  // Note [Two ports]
-  if (nproc > 1 && !std::getenv("OMP_NUM_THREADS")) env.emplace_back("OMP_NUM_THREADS", "1");
+  for (auto& var : chorus::worker_thread_environment(nproc))
+    env.push_back(var);  // Note [Threads of ranks that share the cores]
   return env;
 }
 
@@ -115,9 +116,12 @@ int stopped_by_signal(int sigfd) {
 }
 
 void warn_omp(int nproc) {
-  if (nproc > 1 && !std::getenv("OMP_NUM_THREADS"))
-    say(concat("setting OMP_NUM_THREADS=1 for each of the ", nproc,
-               " workers so they do not oversubscribe the cores; set it yourself to choose another value"));
+  std::string set;
+  for (auto& [name, value] : chorus::worker_thread_environment(nproc))
+    set += (set.empty() ? "" : " ") + name + "=" + value;
+  if (!set.empty())
+    say(concat("setting ", set, " for each of the ", nproc,
+               " workers so that their threads do not crowd the cores; set them yourself to choose otherwise"));
 }
 
 chorus::SupervisorOptions supervisor_options(const Options& o) {

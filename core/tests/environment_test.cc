@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <optional>
+
 #include "chorus/core/environment.h"
 #include "chorus/core/error.h"
 #include "chorus/core/settings.h"
@@ -104,6 +107,36 @@ TEST(Environment, LauncherVariablesRoundTrip) {
   EXPECT_EQ(one.local_world_size, 3);
   EXPECT_EQ(one.master_port, 4000);
   EXPECT_TRUE(one.store_hosted);
+}
+
+// Note [Threads of ranks that share the cores]: the launcher fills in what the user left unset.
+TEST(Environment, WorkersThreadsAreSetWhereTheUserDidNot) {
+  const char* names[] = {"OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME"};
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved;
+  for (const char* n : names) {
+    const char* v = std::getenv(n);
+    saved.emplace_back(n, v ? std::optional<std::string>(v) : std::nullopt);
+    unsetenv(n);
+  }
+  auto set_for = [](int nproc) {
+    EnvMap m;
+    for (const auto& [k, v] : worker_thread_environment(nproc)) m[k] = v;
+    return m;
+  };
+  EXPECT_TRUE(set_for(1).empty());  // one process per machine has the cores to itself
+  EXPECT_EQ(set_for(4), (EnvMap{{"OMP_NUM_THREADS", "1"}, {"OMP_WAIT_POLICY", "PASSIVE"}}));
+  setenv("OMP_NUM_THREADS", "2", 1);
+  EXPECT_EQ(set_for(4), (EnvMap{{"OMP_WAIT_POLICY", "PASSIVE"}}));
+  for (const char* n : {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME"}) {
+    setenv(n, "1", 1);
+    EXPECT_TRUE(set_for(4).empty()) << n;
+    unsetenv(n);
+  }
+  for (const auto& [n, v] : saved)
+    if (v)
+      setenv(n.c_str(), v->c_str(), 1);
+    else
+      unsetenv(n.c_str());
 }
 
 TEST(Environment, BadValuesAreNamed) {

@@ -210,6 +210,23 @@ TEST(Chorusrun, FourRanksSucceed) {
   expect_probes(a.out, cores, "chorusrun");
 }
 
+// Note [Threads of ranks that share the cores]: the workers' OpenMP threads sleep when idle unless
+// the user chose otherwise, and chorusrun says what it set.
+TEST(Chorusrun, WorkersThreadsSleepWhenIdleUnlessTheUserChose) {
+  auto r = run({"/usr/bin/env", "-u", "OMP_WAIT_POLICY", "-u", "GOMP_SPINCOUNT", "-u", "KMP_BLOCKTIME", CHORUSRUN,
+                "--nproc-per-node", "2", "--master-port", "0", "/usr/bin/env"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  for (const char* line : {"[rank 0] OMP_WAIT_POLICY=PASSIVE", "[rank 1] OMP_WAIT_POLICY=PASSIVE"})
+    EXPECT_NE(r.out.find(line), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("OMP_WAIT_POLICY=PASSIVE for each of the 2 workers"), std::string::npos) << r.err;
+  auto chosen = run({"/usr/bin/env", "OMP_WAIT_POLICY=ACTIVE", CHORUSRUN, "--nproc-per-node", "2", "--master-port", "0",
+                     "/usr/bin/env"});
+  EXPECT_EQ(chosen.exit_code, 0) << chosen.err;
+  EXPECT_NE(chosen.out.find("[rank 1] OMP_WAIT_POLICY=ACTIVE"), std::string::npos) << chosen.out;
+  EXPECT_EQ(chosen.out.find("PASSIVE"), std::string::npos) << chosen.out;
+  EXPECT_EQ(chosen.err.find("OMP_WAIT_POLICY"), std::string::npos) << chosen.err;
+}
+
 TEST(Chorusrun, HelpReadsLikeTorchrun) {
   auto r = run({CHORUSRUN, "--help"});
   EXPECT_EQ(r.exit_code, 0);

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <thread>
@@ -26,6 +27,16 @@ using detail::concat;
 std::string signal_name(int signal) {
   if (const char* abbrev = sigabbrev_np(signal)) return concat("SIG", abbrev);
   return concat("signal ", signal);
+}
+
+std::vector<std::pair<std::string, std::string>> worker_thread_environment(int nproc) {
+  std::vector<std::pair<std::string, std::string>> env;
+  if (nproc <= 1) return env;
+  const auto unset = [](const char* name) { return std::getenv(name) == nullptr; };
+  if (unset("OMP_NUM_THREADS")) env.emplace_back("OMP_NUM_THREADS", "1");
+  if (unset("OMP_WAIT_POLICY") && unset("GOMP_SPINCOUNT") && unset("KMP_BLOCKTIME"))
+    env.emplace_back("OMP_WAIT_POLICY", "PASSIVE");
+  return env;
 }
 
 std::vector<std::pair<std::string, std::string>> launcher_environment(const Environment& p, int max_restarts) {

@@ -36,6 +36,18 @@ struct WorkerSpec {
 // Environment::detect() in the worker gives `place` back.
 std::vector<std::pair<std::string, std::string>> launcher_environment(const Environment& place, int max_restarts = 0);
 
+// Note [Threads of ranks that share the cores]: what a launcher sets for the OpenMP threads of
+// `nproc` workers on one machine, where this process's environment does not say (torchrun's
+// convention, extended): OMP_NUM_THREADS=1, so that ranks rather than threads share the cores,
+// and OMP_WAIT_POLICY=PASSIVE (unless OMP_WAIT_POLICY, GOMP_SPINCOUNT or KMP_BLOCKTIME is set).
+// A program that raises its thread count (torch.set_num_threads) still runs more threads than
+// cores, and by default an OpenMP runtime's idle threads keep polling for milliseconds after each
+// parallel region (libgomp, which torch's CPU wheels bundle, for 300,000 rounds): they hold the
+// cores the other ranks need to reach and finish their collectives, and a collective then waits
+// for the scheduler's tick. Passive threads sleep at once; the price is a futex wake-up when the
+// next parallel region starts. Measured in docs/performance.md (bench/compare.py --load matmul).
+std::vector<std::pair<std::string, std::string>> worker_thread_environment(int nproc);
+
 struct SupervisorOptions {
   bool capture_output = true;  // forward stdout/stderr line by line (false: workers inherit them)
   bool prefix = true;          // "[rank N] " before each forwarded line
