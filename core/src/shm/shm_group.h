@@ -6,7 +6,8 @@
 // that phase (read_slot()). Slots alternate by phase parity, so a rank writes phase n+1 while
 // slower peers still read phase n, and it cannot lap them: it only gets past phase n+1 when all
 // of them have finished reading phase n. Every rank runs the same phases in the same order, so
-// the phase counters agree without ever being exchanged.
+// the phase counters agree without ever being exchanged. (A broadcast of many chunks leaves this
+// lockstep after its first phase, and returns to it at its last: Note [Broadcast through every slot].)
 //
 // Note [Owed waits]: a rank that reads nothing after a call's last phase (a broadcast's or a
 // scatter's root, the ranks a gather or a reduce does not deliver to) posts that phase and
