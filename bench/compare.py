@@ -165,16 +165,14 @@ def main():
     mpi_bin, membw_bin = os.path.join(args.out, "mpi_bench"), os.path.join(args.out, "membw")
     tail_bin = os.path.join(args.out, "mpi_tail")  # Open MPI on chorus-bench's workload, with p95
     runner.run(["mpicc", "-O2", os.path.join(runner.PEERS, "mpi_collectives.c"), "-o", mpi_bin])
-    step = []
+    step, step_flags = [], []
     if args.load == "matmul":  # mpi_tail runs chorus-bench's step: bench/step_load.cc, built with chorus-bench
         lib_dir = os.path.abspath(os.path.join(args.build, "bench"))
         if not os.path.exists(os.path.join(lib_dir, "libchorus_step_load.so")):
             sys.exit(f"--load matmul needs {lib_dir}/libchorus_step_load.so (a build with the torch layer)")
-        runner.run(["mpicc", "-O2", "-DCHORUS_STEP_LOAD", "-I", runner.HERE, os.path.join(runner.HERE, "mpi_tail.c"),
-                    "-L", lib_dir, "-lchorus_step_load", f"-Wl,-rpath,{lib_dir}", "-o", tail_bin])
+        step_flags = ["-DCHORUS_STEP_LOAD", "-I", runner.HERE, "-L", lib_dir, "-lchorus_step_load", f"-Wl,-rpath,{lib_dir}"]
         step = ["--step-matmul", str(STEP_MATMUL)]
-    else:
-        runner.run(["mpicc", "-O2", os.path.join(runner.HERE, "mpi_tail.c"), "-o", tail_bin])
+    runner.run(["mpicc", "-O2", os.path.join(runner.HERE, "mpi_tail.c")] + step_flags + ["-o", tail_bin])
     runner.run(["gcc", "-O3", "-march=native", os.path.join(runner.PEERS, "membw.c"), "-o", membw_bin])
     pair_bin = os.path.join(args.out, "membw_pair")
     runner.run(["gcc", "-O3", "-march=native", os.path.join(runner.HERE, "membw_pair.c"), "-o", pair_bin])
