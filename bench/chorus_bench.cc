@@ -221,7 +221,8 @@ int spawn(int np, char** argv) {
   for (char** a = argv + 1; *a; ++a) args.emplace_back(*a);
   std::vector<WorkerSpec> specs;
   for (int r = 0; r < np; ++r) {
-    specs.push_back({r, args, launcher_environment(single_node(r, np, server.port(), "chorus-bench"))});
+    specs.push_back(
+        {r, args, launcher_environment(single_node(r, np, server.port(), "chorus-bench")), worker_cpus(r, np)});
     for (auto& var : worker_thread_environment(np)) specs.back().env.push_back(var);
   }
   SupervisorOptions options;

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <functional>
 #include <sstream>
 #include <thread>
 
@@ -41,6 +42,7 @@ struct Options {
   bool no_prefix = false;
   std::string run_id;
   double stop_timeout = 5;
+  std::string bind_to;  // --bind-to: CHORUS_BIND_TO for worker_cpus
 };
 
 int cores() {
@@ -66,9 +68,10 @@ int program_port(const Options& o, int store_port) {
 
 // The variables of worker `local` of node `node_rank` of `nnodes`, meeting on the store at
 // store_addr:port.
-std::vector<std::pair<std::string, std::string>> worker_env(const Options& o, int nproc, int local, int node_rank,
-                                                            int nnodes, const std::string& store_addr, int port,
-                                                            int master_port, int restart, const std::string& run_id) {
+using WorkerEnv = std::vector<std::pair<std::string, std::string>>;
+
+WorkerEnv worker_env(const Options& o, int nproc, int local, int node_rank, int nnodes, const std::string& store_addr,
+                     int port, int master_port, int restart, const std::string& run_id) {
   chorus::Environment place;
   place.launcher = chorus::Launcher::Chorusrun;
   place.rank = node_rank * nproc + local;
@@ -115,6 +118,7 @@ int stopped_by_signal(int sigfd) {
   return 128 + int(info.ssi_signo);
 }
 
+// What chorusrun sets for the workers' threads and cores where the user did not say.
 void warn_omp(int nproc) {
   std::string set;
   for (auto& [name, value] : chorus::worker_thread_environment(nproc))
@@ -122,6 +126,17 @@ void warn_omp(int nproc) {
   if (!set.empty())
     say(concat("setting ", set, " for each of the ", nproc,
                " workers so that their threads do not crowd the cores; set them yourself to choose otherwise"));
+  const std::string binding = chorus::describe_binding(nproc, "--bind-to none");
+  if (!binding.empty()) say(binding);
+}
+
+// The workers of this node, `first` being the rank of local worker 0.
+std::vector<chorus::WorkerSpec> worker_specs(const std::vector<std::string>& program, int nproc, int first,
+                                             const std::function<WorkerEnv(int)>& env_of) {
+  std::vector<chorus::WorkerSpec> specs;
+  for (int local = 0; local < nproc; ++local)
+    specs.push_back({first + local, program, env_of(local), chorus::worker_cpus(local, nproc)});
+  return specs;
 }
 
 chorus::SupervisorOptions supervisor_options(const Options& o) {
@@ -220,10 +235,8 @@ int run_elastic(const Options& o, const std::vector<std::string>& program) {
                node_rank * nproc, "-", node_rank * nproc + nproc - 1, " of ", nnodes * nproc,
                fresh ? "" : "; the workers go on in their processes"));
     if (fresh) {
-      std::vector<chorus::WorkerSpec> specs;
-      for (int local = 0; local < nproc; ++local)
-        specs.push_back({node_rank * nproc + local, program, env_of(round, local)});
-      supervisor.start(specs);
+      supervisor.start(
+          worker_specs(program, nproc, node_rank * nproc, [&](int local) { return env_of(round, local); }));
     } else {
       for (int local = 0; local < nproc; ++local) agent.publish_worker_env(local, env_of(round, local));
     }
@@ -303,12 +316,9 @@ int run(const Options& o, const std::vector<std::string>& program) {
 
   chorus::Supervisor supervisor(supervisor_options(o));
   for (int attempt = 0;; ++attempt) {
-    std::vector<chorus::WorkerSpec> specs;
-    for (int local = 0; local < nproc; ++local)
-      specs.push_back(
-          {o.node_rank * nproc + local, program,
-           worker_env(o, nproc, local, o.node_rank, o.nnodes, o.master_addr, port, for_program, attempt, run_id)});
-    supervisor.start(specs);
+    supervisor.start(worker_specs(program, nproc, o.node_rank * nproc, [&](int local) {
+      return worker_env(o, nproc, local, o.node_rank, o.nnodes, o.master_addr, port, for_program, attempt, run_id);
+    }));
     auto failure = supervisor.wait(sigfd);
     if (!failure) return 0;
     if (failure->rank == chorus::WorkerExit::kInterrupted) return stopped_by_signal(sigfd);
@@ -367,6 +377,10 @@ int main(int argc, char** argv) {
   app.add_option("--stop-timeout", o.stop_timeout, "seconds between SIGTERM and SIGKILL when stopping workers")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  app.add_option("--bind-to,--bind_to", o.bind_to,
+                 "cores: each worker on CPUs of its own, when there are at least as many CPUs as workers; none: "
+                 "where the scheduler puts it (default: CHORUS_BIND_TO, else cores)")
+      ->check(CLI::IsMember({"cores", "core", "none"}));
   app.prefix_command();
   app.footer("The program and its arguments follow the options.");
   try {
@@ -374,6 +388,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  if (!o.bind_to.empty()) setenv("CHORUS_BIND_TO", o.bind_to.c_str(), 1);  // read by worker_cpus
   std::vector<std::string> program = app.remaining();
   if (!program.empty() && program.front() == "--") program.erase(program.begin());
   if (program.empty()) {

@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <sched.h>
+
+#include <algorithm>
 #include <cstdlib>
 #include <optional>
 
@@ -137,6 +140,52 @@ TEST(Environment, WorkersThreadsAreSetWhereTheUserDidNot) {
       setenv(n.c_str(), v->c_str(), 1);
     else
       unsetenv(n.c_str());
+}
+
+// Note [A core for every rank]: each of nproc workers gets an equal share of the launcher's CPUs,
+// none shared, unless they outnumber the CPUs, there is one, or CHORUS_BIND_TO=none.
+TEST(Environment, WorkersGetCpusOfTheirOwnWhenThereAreEnough) {
+  const char* saved = std::getenv("CHORUS_BIND_TO");
+  const std::string was = saved ? saved : "";
+  unsetenv("CHORUS_BIND_TO");
+  cpu_set_t set;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  std::vector<int> mine;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) mine.push_back(c);
+  const int n = int(mine.size());
+  EXPECT_TRUE(worker_cpus(0, 1).empty());      // one worker has every CPU
+  EXPECT_TRUE(worker_cpus(0, n + 1).empty());  // more workers than CPUs: the scheduler places them
+  if (n >= 2) {
+    for (int nproc = 2; nproc <= n; ++nproc) {
+      std::vector<int> taken;
+      for (int local = 0; local < nproc; ++local) {
+        const auto cpus = worker_cpus(local, nproc);
+        EXPECT_EQ(int(cpus.size()), n / nproc) << local << " of " << nproc;
+        taken.insert(taken.end(), cpus.begin(), cpus.end());
+      }
+      std::vector<int> distinct = taken;
+      std::sort(distinct.begin(), distinct.end());
+      distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+      EXPECT_EQ(distinct.size(), taken.size()) << "shared CPUs among " << nproc << " workers";
+      for (int c : taken) EXPECT_TRUE(CPU_ISSET(c, &set)) << c;
+    }
+    EXPECT_NE(describe_binding(2, "off").find("binding each of the 2 workers"), std::string::npos);
+    setenv("CHORUS_BIND_TO", "none", 1);
+    EXPECT_TRUE(worker_cpus(0, 2).empty());
+    EXPECT_EQ(describe_binding(2, "off"), "");
+  }
+  setenv("CHORUS_BIND_TO", "socket", 1);
+  try {
+    worker_cpus(0, 2);
+    ADD_FAILURE() << "CHORUS_BIND_TO=socket was taken";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("CHORUS_BIND_TO=socket"), std::string::npos) << e.what();
+  }
+  if (saved)
+    setenv("CHORUS_BIND_TO", was.c_str(), 1);
+  else
+    unsetenv("CHORUS_BIND_TO");
 }
 
 TEST(Environment, BadValuesAreNamed) {

@@ -1,6 +1,7 @@
 // Subgroups, async work and point-to-point.
 #include <gtest/gtest.h>
 
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -206,6 +207,39 @@ TEST(ShmGroups, WaitsCountEveryRankOnThisMachineAgainstItsCores) {
                p.spin_for.count(), " and yields ", p.yield_for.count(), " (ns) with ", crowd, " ranks on ", crowd - 1,
                " cores");
   }));
+}
+
+// Note [Ranks sharing the cores], Note [Spinning on a core of one's own]: ranks bound to a CPU each
+// count the CPUs of them all, so they know they are not crowding one core, and spin.
+TEST(ShmGroups, RanksBoundToACoreEachCountTheirCoresTogether) {
+  if (settings().shm_spin_us) GTEST_SKIP() << "CHORUS_SHM_SPIN_US is set";
+  if (shm::usable_cores() < 2) GTEST_SKIP() << "one CPU";
+  const std::vector<int> cpus = shm::parse_cpu_list(shm::usable_cpu_list());
+  ASSERT_EQ(int(cpus.size()), shm::usable_cores()) << shm::usable_cpu_list();
+  expect_all_ok(run_ranks(2, [&](RankContext& ctx) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpus[size_t(ctx.rank)], &one);
+    RANK_CHECK(sched_setaffinity(0, sizeof(one), &one) == 0, "cannot bind to CPU ", cpus[size_t(ctx.rank)]);
+    RANK_CHECK(shm::usable_cores() == 1 && shm::usable_cpu_list() == std::to_string(cpus[size_t(ctx.rank)]),
+               "bound to ", shm::usable_cpu_list());
+    CommunicatorOptions options;
+    options.backend = "shm";
+    auto comm = Communicator::create(ctx.store, ctx.rank, ctx.world, options);
+    RANK_CHECK(shm::job_cores() == 2, "the two ranks have ", shm::job_cores(), " CPUs between them");
+    const auto p = shm::SpinPolicy::for_group(2);
+    RANK_CHECK(p.spin_for == std::chrono::milliseconds(2), "a wait spins ", p.spin_for.count(), " ns");
+    float x = float(ctx.rank + 1);
+    comm->all_reduce(&x, &x, 1, DataType::Float32, ReduceOp::Sum);
+    RANK_CHECK(x == 3.0f, "sum ", x);
+  }));
+}
+
+TEST(ShmGroups, CpuListsReadBack) {
+  EXPECT_EQ(shm::parse_cpu_list("0-3,8,10-11"), (std::vector<int>{0, 1, 2, 3, 8, 10, 11}));
+  EXPECT_EQ(shm::parse_cpu_list(""), std::vector<int>{});
+  EXPECT_EQ(shm::parse_cpu_list("x,2"), std::vector<int>{2});  // what is not a range adds nothing
+  EXPECT_EQ(shm::parse_cpu_list(shm::usable_cpu_list()).size(), size_t(shm::usable_cores()));
 }
 
 // Note [Owed waits]: a rank that reads nothing after its call's last phase posts it and leaves;

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -32,6 +33,7 @@
 namespace {
 
 using namespace std::chrono_literals;
+using chorus::detail::concat;
 
 struct Run {
   int exit_code = -1;  // 128 + signal when killed
@@ -225,6 +227,53 @@ TEST(Chorusrun, WorkersThreadsSleepWhenIdleUnlessTheUserChose) {
   EXPECT_NE(chosen.out.find("[rank 1] OMP_WAIT_POLICY=ACTIVE"), std::string::npos) << chosen.out;
   EXPECT_EQ(chosen.out.find("PASSIVE"), std::string::npos) << chosen.out;
   EXPECT_EQ(chosen.err.find("OMP_WAIT_POLICY"), std::string::npos) << chosen.err;
+}
+
+// Note [A core for every rank]: workers that do not outnumber the CPUs run on CPUs of their own,
+// and chorusrun says so; --bind-to none (or CHORUS_BIND_TO=none) leaves them where the scheduler
+// puts them, and a value chorusrun does not know is an error that names it.
+TEST(Chorusrun, WorkersRunOnCpusOfTheirOwnUnlessTold) {
+  cpu_set_t set;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  if (CPU_COUNT(&set) < 2) GTEST_SKIP() << "one CPU";
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  const std::vector<std::string> show = {"/usr/bin/grep", "Cpus_allowed_list", "/proc/self/status"};
+  auto chorusrun = [&](std::vector<std::string> flags) {
+    std::vector<std::string> args = {"/usr/bin/env",     "-u", "CHORUS_BIND_TO", CHORUSRUN,
+                                     "--nproc-per-node", "2",  "--master-port",  "0"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    args.insert(args.end(), show.begin(), show.end());
+    return run(args);
+  };
+  auto bound = chorusrun({});
+  ASSERT_EQ(bound.exit_code, 0) << bound.err;
+  const size_t share = cpus.size() / 2;
+  for (int local = 0; local < 2; ++local) {
+    const int first = cpus[size_t(local) * share], last = cpus[size_t(local) * share + share - 1];
+    const std::string list = first == last ? std::to_string(first) : concat(first, "-", last);
+    if (last - first + 1 == int(share)) {  // consecutive CPUs print as one range
+      EXPECT_NE(bound.out.find(concat("[rank ", local, "] Cpus_allowed_list:\t", list, "\n")), std::string::npos)
+          << bound.out;
+    }
+  }
+  EXPECT_NE(bound.err.find("binding each of the 2 workers to"), std::string::npos) << bound.err;
+  auto free = chorusrun({"--bind-to", "none"});
+  ASSERT_EQ(free.exit_code, 0) << free.err;
+  std::ifstream status("/proc/self/status");
+  std::string line, mine;
+  while (std::getline(status, line))
+    if (line.rfind("Cpus_allowed_list", 0) == 0) mine = line;
+  EXPECT_NE(free.out.find("[rank 1] " + mine), std::string::npos) << free.out << " against " << mine;
+  EXPECT_EQ(free.err.find("binding"), std::string::npos) << free.err;
+  auto bad = run(
+      {"/usr/bin/env", "CHORUS_BIND_TO=socket", CHORUSRUN, "--nproc-per-node", "2", "--master-port", "0", "/bin/true"});
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("CHORUS_BIND_TO=socket: expected cores"), std::string::npos) << bad.err;
+  auto bad_flag = run({CHORUSRUN, "--bind-to", "socket", "--nproc-per-node", "2", "/bin/true"});
+  EXPECT_NE(bad_flag.exit_code, 0);
+  EXPECT_NE(bad_flag.err.find("--bind-to"), std::string::npos) << bad_flag.err;
 }
 
 TEST(Chorusrun, HelpReadsLikeTorchrun) {

@@ -73,10 +73,11 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
   const auto deadline = Clock::now() + options_.timeout;
   std::string elsewhere;  // the ranks on other hosts
   if (size_ > 1) {
-    // Each rank publishes its host (name and boot id: which ranks share memory) and its rank in
-    // the job, so that messages about a peer of a subgroup say which process of the job it is.
+    // Each rank publishes its host (name and boot id: which ranks share memory), its rank in the
+    // job, so that messages about a peer of a subgroup say which process of the job it is, and the
+    // CPUs it may run on (Note [Ranks sharing the cores]).
     const std::string me = host_identity();
-    store_->set(detail::concat("host/", rank_), detail::concat(me, "\n", job_rank()));
+    store_->set(detail::concat("host/", rank_), detail::concat(me, "\n", job_rank(), "\n", shm::usable_cpu_list()));
     std::vector<std::string> keys;
     for (int r = 0; r < size_; ++r) keys.push_back(detail::concat("host/", r));
     // Wait in slices, listening between them for a launcher that gave up on the job.
@@ -99,6 +100,9 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
                          " ms for ranks ", list_ranks(absent), " to join; did every rank create the group?"),
           absent, "init");
     }
+    const std::string boot = me.substr(me.find(' ') + 1);
+    int sharing = 0;            // ranks on this kernel
+    std::set<int> shared_cpus;  // and the CPUs they may use between them
     for (int r = 0; r < size_; ++r) {
       const std::string value = store_->get(keys[size_t(r)]);
       std::string other = value.substr(0, value.find('\n'));
@@ -112,13 +116,16 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
       rank_names_.push_back(global >= 0 && !(global == r && options_.name == "world")
                                 ? detail::concat("rank ", r, " (global rank ", global, " on ", host, ")")
                                 : detail::concat("rank ", r, " (on ", host, ")"));
+      // Note [Ranks sharing the cores]: hosts on this machine's kernel (same boot id) share its cores.
+      if (!boot.empty() && other.substr(other.find(' ') + 1) == boot) {
+        ++sharing;
+        const size_t cpus_at = value.find('\n', value.find('\n') + 1);
+        if (cpus_at != std::string::npos)
+          for (int cpu : shm::parse_cpu_list(value.substr(cpus_at + 1))) shared_cpus.insert(cpu);
+      }
       hosts_.push_back(std::move(other));
     }
-    // Note [Ranks sharing the cores]: hosts on this machine's kernel (same boot id) share its cores.
-    const std::string boot = me.substr(me.find(' ') + 1);
-    if (!boot.empty())
-      shm::note_ranks_sharing_cores(int(std::count_if(
-          hosts_.begin(), hosts_.end(), [&](const std::string& h) { return h.substr(h.find(' ') + 1) == boot; })));
+    if (sharing > 0) shm::note_ranks_sharing_cores(sharing, int(shared_cpus.size()));
   }
   BackendOptions bo;
   bo.group_name = options_.name;

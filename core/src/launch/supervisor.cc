@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -37,6 +38,40 @@ std::vector<std::pair<std::string, std::string>> worker_thread_environment(int n
   if (unset("OMP_WAIT_POLICY") && unset("GOMP_SPINCOUNT") && unset("KMP_BLOCKTIME"))
     env.emplace_back("OMP_WAIT_POLICY", "PASSIVE");
   return env;
+}
+
+namespace {
+std::vector<int> launcher_cpus() {
+  cpu_set_t set;
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  return cpus;
+}
+
+bool binds() {
+  const char* to = std::getenv("CHORUS_BIND_TO");
+  const std::string v = to ? to : "cores";
+  if (v == "none") return false;
+  if (v == "cores" || v == "core" || v.empty()) return true;
+  throw InvalidArgument(concat("CHORUS_BIND_TO=", v, ": expected cores (each worker its own CPUs) or none"));
+}
+}  // namespace
+
+std::vector<int> worker_cpus(int local, int nproc) {
+  const std::vector<int> cpus = launcher_cpus();
+  if (!binds() || nproc <= 1 || size_t(nproc) > cpus.size()) return {};
+  const size_t share = cpus.size() / size_t(nproc);
+  return {cpus.begin() + ptrdiff_t(size_t(local) * share), cpus.begin() + ptrdiff_t(size_t(local + 1) * share)};
+}
+
+std::string describe_binding(int nproc, const std::string& unbind) {
+  const size_t share = worker_cpus(0, nproc).size();
+  if (share == 0) return "";
+  return concat("binding each of the ", nproc, " workers to ",
+                share == 1 ? std::string("a CPU") : concat(share, " CPUs"), " of its own (", launcher_cpus().size(),
+                " here); ", unbind, " leaves them unbound");
 }
 
 std::vector<std::pair<std::string, std::string>> launcher_environment(const Environment& p, int max_restarts) {
@@ -108,6 +143,12 @@ void close_fd(int& fd) {
   if (out >= 0) dup2(out, STDOUT_FILENO);
   if (err >= 0) dup2(err, STDERR_FILENO);
   for (const auto& [k, v] : spec.env) setenv(k.c_str(), v.c_str(), 1);
+  if (!spec.cpus.empty()) {  // Note [A core for every rank]; where it fails the worker runs unbound
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int c : spec.cpus) CPU_SET(c, &set);
+    sched_setaffinity(0, sizeof(set), &set);
+  }
   std::vector<char*> argv;
   for (const auto& a : spec.argv) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);

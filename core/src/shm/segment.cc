@@ -104,7 +104,7 @@ void Segment::join(Store& store, int rank, int world, bool single_copy, Clock::t
     h.world = uint32_t(world);
     h.slot_bytes = layout_.slot_bytes;
     h.p2p_chunk = layout_.p2p_chunk;
-    h.cores = uint32_t(usable_cores());
+    h.cores = uint32_t(job_cores());
     h.single_copy = single_copy ? 1 : 0;
     h.magic = kMagic;
     store.set("shm_name", name);

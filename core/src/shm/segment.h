@@ -94,7 +94,7 @@ struct alignas(kLine) Header {
   uint64_t slot_bytes;
   uint64_t p2p_chunk;
   std::atomic<uint32_t> attached;
-  uint32_t cores;        // rank 0's usable cores, so that every rank picks the same algorithms
+  uint32_t cores;        // rank 0's job_cores(), so that every rank picks the same algorithms
   uint32_t single_copy;  // rank 0's: whether the group tries single copies (Note [Single-copy collectives])
 };
 

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <string>
 #include <thread>
 
 #include "chorus/core/settings.h"
@@ -52,20 +53,61 @@ int usable_cores() {
   return int(std::thread::hardware_concurrency());
 }
 
-namespace {
-std::atomic<int> ranks_sharing_cores{0};
-}  // namespace
+std::string usable_cpu_list() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return "";
+  std::string list;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (!CPU_ISSET(c, &set)) continue;
+    int last = c;
+    while (last + 1 < CPU_SETSIZE && CPU_ISSET(last + 1, &set)) ++last;
+    if (!list.empty()) list += ',';
+    list += std::to_string(c);
+    if (last > c) list.append("-").append(std::to_string(last));
+    c = last;
+  }
+  return list;
+}
 
-void note_ranks_sharing_cores(int ranks) {
-  int seen = ranks_sharing_cores.load();
-  while (ranks > seen && !ranks_sharing_cores.compare_exchange_weak(seen, ranks)) {
+std::vector<int> parse_cpu_list(const std::string& list) {
+  std::vector<int> cpus;
+  size_t at = 0;
+  while (at < list.size()) {
+    const size_t end = std::min(list.find(',', at), list.size());
+    const std::string range = list.substr(at, end - at);
+    const size_t dash = range.find('-');
+    try {
+      const int first = std::stoi(range), last = dash == std::string::npos ? first : std::stoi(range.substr(dash + 1));
+      for (int c = first; c <= last && c < CPU_SETSIZE; ++c) cpus.push_back(c);
+    } catch (const std::exception&) {  // not a range: nothing from it
+    }
+    at = end + 1;
+  }
+  return cpus;
+}
+
+namespace {
+std::atomic<int> ranks_sharing_cores{0}, cpus_of_sharing_ranks{0};
+
+void note_most(std::atomic<int>& most, int value) {
+  int seen = most.load();
+  while (value > seen && !most.compare_exchange_weak(seen, value)) {
   }
 }
+}  // namespace
+
+void note_ranks_sharing_cores(int ranks, int cpus) {
+  note_most(ranks_sharing_cores, ranks);
+  note_most(cpus_of_sharing_ranks, cpus);
+}
+
+int job_cores() { return std::max(usable_cores(), cpus_of_sharing_ranks.load()); }
 
 SpinPolicy SpinPolicy::for_group(int size) {
   SpinPolicy p;
-  const bool oversubscribed = std::max(size, ranks_sharing_cores.load()) > usable_cores();
-  p.spin_for = std::chrono::microseconds(settings().shm_spin_us.value_or(oversubscribed ? 0 : 50));
+  const bool oversubscribed = std::max(size, ranks_sharing_cores.load()) > job_cores();
+  const bool bound = !oversubscribed && usable_cores() < job_cores();  // Note [Spinning on a core of one's own]
+  p.spin_for = std::chrono::microseconds(settings().shm_spin_us.value_or(oversubscribed ? 0 : bound ? 2000 : 50));
   if (oversubscribed) p.yield_for = std::chrono::microseconds(100);
   return p;
 }

@@ -39,10 +39,23 @@
 // namespaces or containers on one kernel share its cores: there 2 ranks per host on 2 cores spin
 // as if they had a core each while the other hosts' ranks need those cores to move their data.
 // Every group learns which of its ranks share this kernel (the boot id each publishes,
-// Communicator's host identity) and notes it here; a wait counts the most it has seen. On
+// Communicator's host identity) and which CPUs each may use (its affinity), and notes how many
+// ranks and how many CPUs between them; a wait counts the most it has seen of each. Counting the
+// CPUs of all the ranks, not this process's own, is what keeps a rank bound to one core (by
+// chorusrun, Note [A core for every rank], or by mpirun or srun) from taking itself for one of
+// several ranks crowding that core. On
 // namespace hosts of this 2-core machine (bench/hosts_bench.sh, chorus-bench, 2 runs each,
 // back to back), before and after: 2 hosts x 2 ranks, barrier 103-105 -> 69-73 us, 8-byte
 // all_reduce 113-121 -> 76-83, 64 KiB 206-214 -> 109-122; 3 x 2, barrier 197-210 -> 171.
+//
+// Note [Spinning on a core of one's own]: a rank bound to CPUs that no other rank of its job may
+// use (Note [A core for every rank]: chorusrun and chorus-bench bind ranks that do not outnumber
+// the cores; mpirun does too) spins for as long as an unbound one would yield, 2 ms. The scheduler
+// cannot move it, so yielding only hands its core to another process for a time slice: beside a
+// CPU-bound process, which the scheduler moves onto whichever core a rank yields, a 1 MiB broadcast
+// at W=2 took a median of 1.17-1.24 ms with a 50 us spin and 0.08-0.18 ms with 2 ms (Open MPI's
+// ranks, which spin without end, 0.19-0.20). The rank's own other threads may still need the core:
+// a DDP step at W=2 with its all_reduce overlapping the backward pass did not change beyond noise.
 //
 // Note [Light posts]: a sleeper and a poster meet like Dekker's pair: the sleeper counts itself
 // in `waiters` and then reads the word, the poster writes the word and then reads `waiters`, and
@@ -63,6 +76,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "call.h"
@@ -103,9 +117,17 @@ inline void cpu_relax() {
 // The CPUs this process may run on.
 int usable_cores();
 
-// Note [Ranks sharing the cores]: `ranks` of this job run on this machine's kernel (a group saw
-// them); the most noted counts against the cores.
-void note_ranks_sharing_cores(int ranks);
+// This process's CPUs as ranges ("0-3,8"), and such a list back as CPU numbers.
+std::string usable_cpu_list();
+std::vector<int> parse_cpu_list(const std::string& list);
+
+// Note [Ranks sharing the cores]: `ranks` of this job run on this machine's kernel, and `cpus` CPUs
+// between them (a group saw them); the most noted of each counts.
+void note_ranks_sharing_cores(int ranks, int cpus);
+
+// The CPUs the ranks of this job on this kernel may use between them: the most a group has noted,
+// at least this process's own.
+int job_cores();
 
 struct SpinPolicy {
   Clock::duration spin_for = std::chrono::microseconds(50);

@@ -27,6 +27,7 @@ struct WorkerSpec {
   int rank = 0;                                          // how output and messages name the worker
   std::vector<std::string> argv;                         // argv[0]: a path, or a name looked up in PATH
   std::vector<std::pair<std::string, std::string>> env;  // set on top of this process's environment
+  std::vector<int> cpus;                                 // non-empty: the worker runs on these CPUs only
 };
 
 // The variables a chorus launcher gives a worker standing at `place` (master_addr/master_port:
@@ -47,6 +48,24 @@ std::vector<std::pair<std::string, std::string>> launcher_environment(const Envi
 // for the scheduler's tick. Passive threads sleep at once; the price is a futex wake-up when the
 // next parallel region starts. Measured in docs/performance.md (bench/compare.py --load matmul).
 std::vector<std::pair<std::string, std::string>> worker_thread_environment(int nproc);
+
+// Note [A core for every rank]: the CPUs a launcher binds worker `local` of `nproc` on this machine
+// to: an equal share of this process's CPUs, consecutive, none shared with another worker. Empty
+// (the worker runs where the scheduler puts it) for one worker, for more workers than CPUs, and
+// under CHORUS_BIND_TO=none; CHORUS_BIND_TO=cores (or core), the default, binds.
+// Unbound ranks that have as many cores as they are do not keep them: beside another busy process
+// the scheduler puts two ranks that take turns waiting for each other on one core (their load
+// together is one core's), and every call of theirs then hands that core over between them. W=2
+// on 2 cores beside a CPU-bound process (chorus-bench, median): barrier 3.4-3.6 us unbound, 0.17
+// bound; Open MPI, whose mpirun binds 2 ranks to cores, 0.21. A rank's own threads (torch's
+// intra-op pool, OMP_NUM_THREADS per worker_thread_environment) stay on its share. Groups count
+// the CPUs of all their ranks, so a bound rank still knows it has a core of its own (Note [Ranks
+// sharing the cores]). Throws InvalidArgument for another value of CHORUS_BIND_TO.
+std::vector<int> worker_cpus(int local, int nproc);
+
+// What binding the workers means, for a launcher to say ("" where worker_cpus binds none); `unbind`:
+// how to turn it off in that launcher.
+std::string describe_binding(int nproc, const std::string& unbind);
 
 struct SupervisorOptions {
   bool capture_output = true;  // forward stdout/stderr line by line (false: workers inherit them)
