@@ -239,6 +239,7 @@ TEST(ShmGroups, CpuListsReadBack) {
   EXPECT_EQ(shm::parse_cpu_list("0-3,8,10-11"), (std::vector<int>{0, 1, 2, 3, 8, 10, 11}));
   EXPECT_EQ(shm::parse_cpu_list(""), std::vector<int>{});
   EXPECT_EQ(shm::parse_cpu_list("x,2"), std::vector<int>{2});  // what is not a range adds nothing
+  EXPECT_EQ(shm::parse_cpu_list("-1"), std::vector<int>{});    // nor a negative CPU
   EXPECT_EQ(shm::parse_cpu_list(shm::usable_cpu_list()).size(), size_t(shm::usable_cores()));
 }
 

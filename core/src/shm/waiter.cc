@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <string>
 #include <thread>
 
@@ -76,10 +77,13 @@ std::vector<int> parse_cpu_list(const std::string& list) {
     const size_t end = std::min(list.find(',', at), list.size());
     const std::string range = list.substr(at, end - at);
     const size_t dash = range.find('-');
-    try {
-      const int first = std::stoi(range), last = dash == std::string::npos ? first : std::stoi(range.substr(dash + 1));
-      for (int c = first; c <= last && c < CPU_SETSIZE; ++c) cpus.push_back(c);
-    } catch (const std::exception&) {  // not a range: nothing from it
+    try {  // "N" or "N-M"; anything else adds nothing
+      if (!range.empty() && std::isdigit(static_cast<unsigned char>(range[0]))) {
+        const int first = std::stoi(range),
+                  last = dash == std::string::npos ? first : std::stoi(range.substr(dash + 1));
+        for (int c = first; c <= last && c < CPU_SETSIZE; ++c) cpus.push_back(c);
+      }
+    } catch (const std::exception&) {
     }
     at = end + 1;
   }
