@@ -18,6 +18,7 @@
 
 #include "chorus/core/error.h"
 #include "launch/line_output.h"
+#include "shm/waiter.h"
 
 extern char** environ;
 
@@ -41,15 +42,6 @@ std::vector<std::pair<std::string, std::string>> worker_thread_environment(int n
 }
 
 namespace {
-std::vector<int> launcher_cpus() {
-  cpu_set_t set;
-  std::vector<int> cpus;
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cpus;
-  for (int c = 0; c < CPU_SETSIZE; ++c)
-    if (CPU_ISSET(c, &set)) cpus.push_back(c);
-  return cpus;
-}
-
 bool binds() {
   const char* to = std::getenv("CHORUS_BIND_TO");
   const std::string v = to ? to : "cores";
@@ -60,7 +52,7 @@ bool binds() {
 }  // namespace
 
 std::vector<int> worker_cpus(int local, int nproc) {
-  const std::vector<int> cpus = launcher_cpus();
+  const std::vector<int> cpus = shm::usable_cpus();
   if (!binds() || nproc <= 1 || size_t(nproc) > cpus.size()) return {};
   const size_t share = cpus.size() / size_t(nproc);
   return {cpus.begin() + ptrdiff_t(size_t(local) * share), cpus.begin() + ptrdiff_t(size_t(local + 1) * share)};
@@ -70,7 +62,7 @@ std::string describe_binding(int nproc, const std::string& unbind) {
   const size_t share = worker_cpus(0, nproc).size();
   if (share == 0) return "";
   return concat("binding each of the ", nproc, " workers to ",
-                share == 1 ? std::string("a CPU") : concat(share, " CPUs"), " of its own (", launcher_cpus().size(),
+                share == 1 ? std::string("a CPU") : concat(share, " CPUs"), " of its own (", shm::usable_cpus().size(),
                 " here); ", unbind, " leaves them unbound");
 }
 

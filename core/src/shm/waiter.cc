@@ -54,18 +54,25 @@ int usable_cores() {
   return int(std::thread::hardware_concurrency());
 }
 
-std::string usable_cpu_list() {
+std::vector<int> usable_cpus() {
   cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return "";
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  return cpus;
+}
+
+std::string usable_cpu_list() {
+  const std::vector<int> cpus = usable_cpus();
   std::string list;
-  for (int c = 0; c < CPU_SETSIZE; ++c) {
-    if (!CPU_ISSET(c, &set)) continue;
-    int last = c;
-    while (last + 1 < CPU_SETSIZE && CPU_ISSET(last + 1, &set)) ++last;
+  for (size_t i = 0; i < cpus.size(); ++i) {
+    size_t last = i;  // the end of the run of consecutive CPUs from cpus[i]
+    while (last + 1 < cpus.size() && cpus[last + 1] == cpus[last] + 1) ++last;
     if (!list.empty()) list += ',';
-    list += std::to_string(c);
-    if (last > c) list.append("-").append(std::to_string(last));
-    c = last;
+    list += std::to_string(cpus[i]);
+    if (last > i) list.append("-").append(std::to_string(cpus[last]));
+    i = last;
   }
   return list;
 }

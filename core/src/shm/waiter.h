@@ -117,6 +117,9 @@ inline void cpu_relax() {
 // The CPUs this process may run on.
 int usable_cores();
 
+// The CPUs this process may run on, in increasing order (none if the kernel will not say).
+std::vector<int> usable_cpus();
+
 // This process's CPUs as ranges ("0-3,8"), and such a list back as CPU numbers.
 std::string usable_cpu_list();
 std::vector<int> parse_cpu_list(const std::string& list);
