@@ -8,8 +8,9 @@
 // folding rank writes it to its own output in the same pass). A phase carries both the inputs of
 // round k and the folded parts of round k-1, so a round costs one phase. Every element is
 // folded by exactly one rank in a fixed order, and the inline/one-shot paths fold in that same
-// order on every rank, so all ranks end with identical bits. How a large message is stored into
-// the slots, normally or streaming, rank 0 chooses by measuring (Note [Streaming into the slots]).
+// order on every rank, so all ranks end with identical bits. How a message of 16 KiB and more is
+// stored into the slots, normally or streaming, rank 0 chooses by measuring (Note [Streaming into
+// the slots]).
 //
 // Note [Direct all_reduce]: when every rank's input and output lie in symmetric memory (Note
 // [Symmetric buffers]), nothing is staged: rank r reads its part of every rank's input, folds
@@ -79,12 +80,18 @@ void all_reduce(ShmGroup& g, const Call& c) {
   }
   if (bytes <= kInlineBytes || (bytes * size_t(world) <= kOneShotTotalBytes && bytes <= g.slot_bytes())) {
     const bool tiny = bytes <= kInlineBytes;
-    copy_bytes(tiny ? g.my_inline() : g.write_slot(), in, bytes);
+    SlotStores stores = g.slot_stores(c.kind, bytes);  // Note [Streaming into the slots]
+    if (tiny)
+      copy_bytes(g.my_inline(), in, bytes);
+    else
+      copy_out(g.write_slot(), in, bytes, stores.stream);
     if (!gets_result) return g.post_last();  // Note [Owed waits]
     g.sync();
-    for (int p = 0; p < world; ++p) srcs[size_t(p)] = tiny ? g.inline_of(p) : g.read_slot(p);
+    g.learn_slot_stores(stores);
+    // The own input from where it is, not from the own slot: that may have been streamed to memory.
+    for (int p = 0; p < world; ++p) srcs[size_t(p)] = tiny ? g.inline_of(p) : p == me ? in : g.read_slot(p);
     reduce::reduce(c.dtype, c.op, srcs.data(), world, out, c.count);
-    return;
+    return g.slot_stores_done(stores, bytes);
   }
 
   if (c.kind == OpKind::AllReduce && g.symmetric_made() != 0 && all_reduce_direct(g, c)) return;

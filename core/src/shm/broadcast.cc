@@ -2,8 +2,8 @@
 // copy each chunk out. A message of one or two chunks goes in the group's phases: the root writes
 // a chunk into its slot while the others copy the previous one out of its other slot, and leaves
 // once its last chunk is in (Note [Owed waits]). A longer one goes through every slot of the group
-// (Note [Broadcast through every slot]). A large message may be streamed into the slots (Note
-// [Streaming into the slots]). Tiny messages ride in the root's call line.
+// (Note [Broadcast through every slot]). A message of 16 KiB and more may be streamed into the
+// slots (Note [Streaming into the slots]). Tiny messages ride in the root's call line.
 //
 // Note [Broadcast through every slot]: in phases, every chunk is a sync of the whole group: each
 // rank waits for every other one, 128 times for 64 MiB. With a core for every rank that costs

@@ -5,8 +5,8 @@
 // blocks land in one output, or each in a buffer of its own (all_gather_to), at the same cost.
 // Between symmetric buffers each rank writes its block into every output itself (Note [Direct
 // all_gather]); in the sizes where it is faster, each rank reads its peers' inputs itself (Note
-// [Single-copy collectives]). Large contributions may be streamed into the slots (Note
-// [Streaming into the slots]).
+// [Single-copy collectives]). Contributions of 16 KiB and more may be streamed into the slots
+// (Note [Streaming into the slots]).
 #include <numeric>
 
 #include "shm/algorithms.h"

@@ -25,7 +25,7 @@ ShmGroup::ShmGroup(Store& store, int rank, int world, const BackendOptions& opti
   // Only a group that tries single copies needs to know (rank 0 decided: Note [Single-copy collectives]).
   single_copy_on_ = seg_.header().single_copy != 0;
   reads_peers_ = single_copy_on_ && options.shm.single_copy.value_or(true) && probe_peer_reads();
-  times_slot_stores_ = !stream_slots_ && world_ <= int(seg_.header().cores);  // Note [Streaming into the slots]
+  times_slot_stores_ = !stream_slots_;  // Note [Streaming into the slots]
 }
 
 bool ShmGroup::probe_peer_reads() {
@@ -86,32 +86,33 @@ void ShmGroup::start(const Call& call) {
 }
 
 SlotStores ShmGroup::slot_stores(OpKind kind, size_t bytes) {
-  static_assert(std::tuple_size_v<decltype(slot_store_choice_)> > size_t(OpKind::RecvAny));
+  static_assert(size_t(OpKind::RecvAny) < 32);
   SlotStores s;
   s.large = world_ > 1 && bytes >= SlotStoreChoice::kMinBytes;
-  s.kind = kind;
-  if (s.large && rank_ == 0) {
-    s.stream = stream_slots_ ? *stream_slots_ : times_slot_stores_ && slot_store_choice_[size_t(kind)].choose();
-    std::atomic<uint32_t>& flags = seg_.ctrl(0).calls[call_ & 1].flags;  // published by the first post
-    flags.store(
-        (flags.load(std::memory_order_relaxed) & ~uint32_t(kLineStreams)) | (s.stream ? uint32_t(kLineStreams) : 0u),
-        std::memory_order_relaxed);
+  if (!s.large) return s;
+  s.choice = choice_index(kind, bytes);
+  if (rank_ != 0) {
+    s.stream = learned_streams_[s.choice];  // rank 0's last choice for such calls, until it says
+    return s;
   }
+  s.stream = stream_slots_ ? *stream_slots_ : times_slot_stores_ && slot_store_choice_[s.choice].choose();
+  std::atomic<uint32_t>& flags = seg_.ctrl(0).calls[call_ & 1].flags;  // published by the first post
+  flags.store(
+      (flags.load(std::memory_order_relaxed) & ~uint32_t(kLineStreams)) | (s.stream ? uint32_t(kLineStreams) : 0u),
+      std::memory_order_relaxed);
+  if (times_slot_stores_) s.started = ticks();
   return s;
 }
 
 void ShmGroup::learn_slot_stores(SlotStores& s) {
-  if (!s.large) return;
-  if (rank_ != 0)
-    s.stream = (seg_.ctrl(0).calls[call_ & 1].flags.load(std::memory_order_relaxed) & kLineStreams) != 0;
-  else
-    s.first_phase = Clock::now();
+  if (!s.large || rank_ == 0) return;
+  s.stream = (seg_.ctrl(0).calls[call_ & 1].flags.load(std::memory_order_relaxed) & kLineStreams) != 0;
+  learned_streams_[s.choice] = s.stream;
 }
 
 void ShmGroup::slot_stores_done(const SlotStores& s, size_t bytes) {
-  if (!s.large || rank_ != 0 || !times_slot_stores_ || s.first_phase == Clock::time_point{}) return;  // untimed
-  const double ns = std::chrono::duration<double, std::nano>(Clock::now() - s.first_phase).count();
-  slot_store_choice_[size_t(s.kind)].took(s.stream, ns / double(bytes));
+  if (!s.large || s.started == 0) return;  // untimed: not rank 0, or not measuring
+  slot_store_choice_[s.choice].took(s.stream, double(ticks() - s.started) / double(bytes));
 }
 
 void ShmGroup::post() {

@@ -129,9 +129,10 @@ class ShmGroup {
   int pid_of(int r) { return seg_.ctrl(r).pid.load(std::memory_order_relaxed); }
 
   // How a staged call moving `bytes` per rank writes into the slots (Note [Streaming into the
-  // slots]). slot_stores() before the call's first phase: rank 0 chooses for the call and
-  // publishes it, the others write normally until they learn it. learn_slot_stores() after the
-  // first sync; slot_stores_done() on rank 0 after the last one, to time the call.
+  // slots]). slot_stores() before the call's first store: rank 0 chooses for the call and
+  // publishes it, the others write as rank 0 chose last time until they learn it.
+  // learn_slot_stores() after the first sync; slot_stores_done() after the last phase, where rank
+  // 0 times the call.
   SlotStores slot_stores(OpKind kind, size_t bytes);
   void learn_slot_stores(SlotStores& s);
   void slot_stores_done(const SlotStores& s, size_t bytes);
@@ -172,9 +173,10 @@ class ShmGroup {
   bool reads_peers_ = false;
   bool single_copy_on_ = false;  // rank 0's choice (Header::single_copy) until a call turns it off
   std::shared_ptr<SymmetricRegistry> symmetric_ = std::make_shared<SymmetricRegistry>();
-  std::optional<bool> stream_slots_;                   // the setting: always / never; nullopt: choose
-  bool times_slot_stores_ = false;                     // nothing set, and a core for every rank
-  std::array<SlotStoreChoice, 32> slot_store_choice_;  // rank 0's, by OpKind
+  std::optional<bool> stream_slots_;                         // the setting: always / never; nullopt: choose
+  bool times_slot_stores_ = false;                           // nothing set, and a core for every rank
+  std::array<SlotStoreChoice, kChoices> slot_store_choice_;  // rank 0's, by choice_index()
+  std::array<bool, kChoices> learned_streams_{};             // the others': rank 0's last choices
   Clock::time_point started_, deadline_;
 };
 
