@@ -16,7 +16,9 @@ again, and bench/mpi_tail.c --fresh (column mpi_fresh), which writes each input 
 as chorus-bench does. Only the second is the same workload as chorus's: with unchanged buffers a
 peer's data sits in the reader's cache from the previous call, and Open MPI's single copy moves
 nothing between cores. The verdict "at least as fast as Open MPI" is taken against mpi_fresh;
-where Open MPI as programs call it is faster is listed beside it.
+where Open MPI as programs call it is faster is listed beside it. chorus-bench checks the result
+of each size's last call only (--check-last): mpi_tail checks nothing, and checking every call
+is work between the calls that, with more ranks than cores, slows the calls after it.
 
   bench/compare.py --build build [--np 2,4,8] [--gloo-np 2] [--repeat 3] [--out bench-results] [--load [matmul]]
 
@@ -73,7 +75,7 @@ def chorus_rows(build, world, ops, out, symmetric=False, step=()):
     """chorus-bench's table; with symmetric, between buffers from Communicator::alloc_symmetric; step:
     the arguments of a step's compute before every call."""
     cmd = [os.path.join(build, "bench", "chorus-bench"), "--np", str(world), "--ops", ",".join(ops),
-           "--sizes", ",".join(str(s) for s in SIZES), "--csv"] + (["--symmetric"] if symmetric else []) + list(step)
+           "--sizes", ",".join(str(s) for s in SIZES), "--csv", "--check-last"] + (["--symmetric"] if symmetric else []) + list(step)
     name = "chorus_sym" if symmetric else "chorus"
     text = runner.run(cmd, log=os.path.join(out, f"{name}_w{world}_{len(os.listdir(out))}.txt"))
     rows = {}
