@@ -260,9 +260,7 @@ int main(int argc, char** argv) {
   app.add_option("-d,--dtype", o.dtype, "f32 f64 f16 bf16 i8 u8 i16 i32 i64 bool");
   app.add_option("--iters", o.iters, "timed iterations per size (default: 200 up to 64K, 50 up to 1M, then 10)");
   app.add_option("-w,--warmup", o.warmup, "untimed iterations first");
-  app.add_option(
-      "--chunk-bytes", o.chunk_bytes,
-      "shared-memory slot size (default: CHORUS_SHM_CHUNK_BYTES, or 512K, or 2M with more ranks than cores)");
+  app.add_option("--chunk-bytes", o.chunk_bytes, "shared-memory slot size (default: CHORUS_SHM_CHUNK_BYTES or 512K)");
   app.add_option("--step-matmul", o.step_matmul,
                  "before every call, an N x N float matmul on --step-threads intra-op threads, as a training "
                  "step's compute (0: none)")

@@ -14,7 +14,6 @@
 #include "chorus/core/settings.h"
 #include "multiprocess.h"
 #include "shm/peer_read.h"
-#include "shm/segment.h"
 #include "shm/shm_group.h"
 #include "shm/waiter.h"
 
@@ -214,20 +213,6 @@ TEST(ShmGroups, WaitsCountEveryRankOnThisMachineAgainstItsCores) {
     RANK_CHECK(p.spin_for == Clock::duration::zero() && p.yield_for == std::chrono::microseconds(100), "a wait spins ",
                p.spin_for.count(), " and yields ", p.yield_for.count(), " (ns) with ", crowd, " ranks on ", crowd - 1,
                " cores");
-  }));
-}
-
-// Note [Slot size]: 512 KiB slots while every rank has a core, 2 MiB once the job's ranks on this
-// kernel outnumber the cores, but never more than 64 MiB of slots in all.
-TEST(ShmGroups, SlotsAreLargerWhereTheRanksOutnumberTheCores) {
-  expect_all_ok(run_group(1, [](Communicator&) {
-    RANK_CHECK(shm::default_slot_bytes(1) == 512u << 10, "one rank: ", shm::default_slot_bytes(1));
-  }));
-  const int crowd = shm::usable_cores() + 1;
-  expect_all_ok(run_group(crowd, [crowd](Communicator&) {
-    RANK_CHECK(shm::default_slot_bytes(2) == 2u << 20, crowd, " ranks here: ", shm::default_slot_bytes(2));
-    RANK_CHECK(shm::default_slot_bytes(32) == 1u << 20, "32 ranks: ", shm::default_slot_bytes(32));
-    RANK_CHECK(shm::default_slot_bytes(256) == 512u << 10, "256 ranks: ", shm::default_slot_bytes(256));
   }));
 }
 

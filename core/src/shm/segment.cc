@@ -49,12 +49,6 @@ std::string unique_shm_name() {
   return buf;
 }
 
-size_t default_slot_bytes(int world) {
-  constexpr size_t kSlot = 512u << 10, kCrowdedSlot = 2u << 20, kAllSlots = 64u << 20;  // Note [Slot size]
-  if (!oversubscribed(world)) return kSlot;
-  return std::clamp(kAllSlots / (2 * size_t(world)), kSlot, kCrowdedSlot);
-}
-
 Layout::Layout(int w, size_t slot) : world(w) {
   slot_bytes = round_up(std::max<size_t>(slot, kLine * size_t(w)), kLine);
   // Rings are per ordered pair, so keep their total bounded for large groups.
@@ -71,7 +65,7 @@ Layout::Layout(int w, size_t slot) : world(w) {
 
 Segment::Segment(Store& store, int rank, int world, size_t slot_bytes, bool single_copy, Clock::time_point deadline,
                  const std::string& group_name)
-    : layout_(world, slot_bytes ? slot_bytes : default_slot_bytes(world)) {
+    : layout_(world, slot_bytes) {
   std::string name;
   int fd = -1;
   if (rank == 0) {

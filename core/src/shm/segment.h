@@ -113,19 +113,6 @@ struct alignas(kLine) ChunkHeader {
   uint8_t first;
 };
 
-// Note [Slot size]: a staged call moves a slot's worth per phase, and every phase needs every
-// rank of the group to have had its turn on a core. With a core for every rank that costs little,
-// and 512 KiB slots keep a phase's data in the caches. With more ranks than cores each phase
-// hands each core from rank to rank, so larger slots, fewer phases: W=4 on the 2 cores, three
-// interleaved runs, 512 KiB against 2 MiB slots: broadcast 1 MiB 48-59 against 26-27 us, 16 MiB
-// 2.50-2.53 against 1.40-1.46 ms; all_reduce 1 MiB 316-329 against 167-297 us, 64 MiB 31.1-32.0
-// against 28.7-31.6 ms; all_gather unchanged (16-18 and 59-66 ms at 16 and 64 MiB). W=8, one
-// run: broadcast 1 MiB 99 against 32 us, 16 MiB 3.7 against 1.8 ms, all_reduce within noise.
-// So, unless CHORUS_SHM_CHUNK_BYTES (CommunicatorOptions::shm.chunk_bytes) says, rank 0 makes the
-// slots 512 KiB, or 2 MiB where the group's ranks outnumber the cores (shm::oversubscribed), as
-// long as the slots stay within 64 MiB in all.
-size_t default_slot_bytes(int world);
-
 struct Layout {
   int world = 0;
   size_t slot_bytes = 0;
@@ -140,7 +127,7 @@ class Segment {
  public:
   // Collective over the group: creates or maps the segment (Note [Segment lifetime]) and waits
   // until every rank has mapped it. Throws TimeoutError naming the ranks that never came. Rank 0's
-  // slot_bytes (0: default_slot_bytes) and single_copy hold for the group.
+  // slot_bytes and single_copy hold for the group.
   Segment(Store& store, int rank, int world, size_t slot_bytes, bool single_copy, Clock::time_point deadline,
           const std::string& group_name);
   ~Segment();

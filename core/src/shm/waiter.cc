@@ -114,14 +114,12 @@ void note_ranks_sharing_cores(int ranks, int cpus) {
 
 int job_cores() { return std::max(usable_cores(), cpus_of_sharing_ranks.load()); }
 
-bool oversubscribed(int size) { return std::max(size, ranks_sharing_cores.load()) > job_cores(); }
-
 SpinPolicy SpinPolicy::for_group(int size) {
   SpinPolicy p;
-  const bool crowded = oversubscribed(size);
-  const bool bound = !crowded && usable_cores() < job_cores();  // Note [Spinning on a core of one's own]
-  p.spin_for = std::chrono::microseconds(settings().shm_spin_us.value_or(crowded ? 0 : bound ? 2000 : 50));
-  if (crowded) p.yield_for = std::chrono::microseconds(100);
+  const bool oversubscribed = std::max(size, ranks_sharing_cores.load()) > job_cores();
+  const bool bound = !oversubscribed && usable_cores() < job_cores();  // Note [Spinning on a core of one's own]
+  p.spin_for = std::chrono::microseconds(settings().shm_spin_us.value_or(oversubscribed ? 0 : bound ? 2000 : 50));
+  if (oversubscribed) p.yield_for = std::chrono::microseconds(100);
   return p;
 }
 

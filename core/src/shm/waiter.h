@@ -132,10 +132,6 @@ void note_ranks_sharing_cores(int ranks, int cpus);
 // at least this process's own.
 int job_cores();
 
-// Whether the ranks outnumber the cores they run on: a group of `size`, or all the ranks of the job
-// on this kernel that the groups made so far have noted, against job_cores().
-bool oversubscribed(int size);
-
 struct SpinPolicy {
   Clock::duration spin_for = std::chrono::microseconds(50);
   Clock::duration yield_for = std::chrono::microseconds(2000);

@@ -48,7 +48,7 @@ struct Settings {
   // CHORUS_SHM_CHUNK_BYTES, CHORUS_SHM_SINGLE_COPY (nullopt: where measured faster, Note
   // [Single-copy collectives]), CHORUS_SHM_STREAM_SLOTS (nullopt: measured as the job runs, Note
   // [Streaming into the slots]).
-  ShmOptions shm;
+  ShmOptions shm{.chunk_bytes = 512 * 1024};
   std::optional<int> shm_spin_us;
   // CHORUS_CROSS_ALGORITHM, CHORUS_CROSS_COST (Note [Choosing an algorithm between hosts]).
   CrossOptions cross;

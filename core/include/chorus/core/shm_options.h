@@ -8,18 +8,17 @@
 namespace chorus {
 
 struct ShmOptions {
-  // The size of a slot; 0: CHORUS_SHM_CHUNK_BYTES, and if that is unset, rank 0 chooses by how many
-  // ranks share the cores (512 KiB with a core for every rank, up to 2 MiB with more ranks than cores).
-  size_t chunk_bytes = 0;
+  size_t chunk_bytes = 0;  // the size of a slot; 0: CHORUS_SHM_CHUNK_BYTES or its default
   // Whether shared memory may read this rank's peers' buffers directly (process_vm_readv) for the
   // message sizes where that is faster; nullopt: CHORUS_SHM_SINGLE_COPY, and if that is unset,
   // only on CPUs where it was measured faster. A "no" on any rank holds for the whole group; rank
   // 0's "yes" or "no" decides whether the group tries at all.
   std::optional<bool> single_copy;
-  // Whether shared memory writes messages of 16 KiB per rank and up into its slots with streaming
-  // stores, which pays where the ranks' cores do not share a cache; nullopt:
-  // CHORUS_SHM_STREAM_SLOTS, and if that is unset, rank 0 times both kinds as the job runs, for
-  // each kind and size of call, and uses the faster. Rank 0's setting decides for the group.
+  // Whether shared memory writes large messages (4 MiB per rank and up) into its slots with
+  // streaming stores, which pays where the ranks' cores do not share a cache; nullopt:
+  // CHORUS_SHM_STREAM_SLOTS, and if that is unset, rank 0 times both kinds as the job runs and
+  // uses the faster (in a group with a core for every rank; normal stores otherwise). Rank 0's
+  // setting decides for the group.
   std::optional<bool> stream_slots;
 
   // These options with every unset field taken from `fallback`.
