@@ -20,10 +20,11 @@
 // for the others to leave the call before it does any work of its own, as the peers' benchmarks
 // do by doing no work between calls at all.
 // The check itself is work between calls that bench/mpi_tail.c (Open MPI on the same workload)
-// does not do: with more ranks than cores it moves the scheduler's time slices, and the calls
-// after it wait for them (W=4 on 2 cores, 1 MiB all_reduce: median 610-760 us and p95 7.4-8.0 ms
-// checking every call, 335-356 us and 0.5-0.55 ms not). bench/compare.py passes --check-last, so
-// that both do the same work between calls and every size's result is still checked.
+// does not do, and with more ranks than cores the calls after it are slower for it (W=4 on 2
+// cores, three interleaved runs, median checking every call against --check-last: 1 MiB
+// all_gather 781-797 against 462-693 us, 1 MiB all_reduce 198-402 against 153-224).
+// bench/compare.py passes --check-last, so that both do the same work between calls and every
+// size's result is still checked.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>

@@ -28,7 +28,10 @@
 // kind of call and size class apart (choice_index); keeps the last kKept times of each way of
 // storing, of which the fastest counts (a call is only ever slowed, by a preemption or an
 // interrupt); and uses the faster way, trying the other every kTryEvery-th call. The first call
-// is not counted (first touches), and the next 2 * kKept alternate the two ways. A change of
+// is not counted (first touches); the second stores normally and the third streams, and the
+// other way is tried early too (8th and 16th calls), so that one unlucky time does not hold for
+// long while few calls have been made: a short run of large calls (a benchmark's ten) pays for
+// two calls the other way, not for three alternating pairs. A change of
 // state is noticed within kKept calls if it slows the way in use, and within kTryEvery calls if
 // it speeds up the other; the price is that one call in kTryEvery takes the slower way. Rank 0's
 // choice travels in its call line (CallLine::streams); the other ranks store their first chunk as
@@ -64,16 +67,17 @@ class SlotStoreChoice {
   static constexpr uint64_t kTryEvery = 32;
   static constexpr size_t kKept = 3;  // times kept of each kind of store; the fastest counts
 
-  // Whether the next call streams. After the first call, the next 2 * kKept alternate, so that
-  // each way has kKept times before either is chosen.
+  // Whether the next call streams: the second call stores normally, the third streams, and from
+  // then on the faster way, but the other at the 8th and 16th calls and every kTryEvery-th.
   bool choose() {
     ++calls_;
-    if (calls_ <= 1 + 2 * kKept) return calls_ % 2 == 1 && calls_ > 1;
+    if (calls_ <= 3) return calls_ == 3;
     const double normal = cost(false), streaming = cost(true);
     if (normal == 0) return false;  // untimed (rank 0 had no part in the calls)
     if (streaming == 0) return true;
     const bool faster = streaming < normal;
-    return calls_ % kTryEvery == 0 ? !faster : faster;
+    const bool other = calls_ % kTryEvery == 0 || calls_ == kTryEvery / 4 || calls_ == kTryEvery / 2;
+    return other ? !faster : faster;
   }
   // What a call that streamed or not took per byte, in ticks(). The first call is not counted: it
   // pays for first touches (page faults, cold caches) whichever way it stores.

@@ -14,11 +14,10 @@ struct ShmOptions {
   // only on CPUs where it was measured faster. A "no" on any rank holds for the whole group; rank
   // 0's "yes" or "no" decides whether the group tries at all.
   std::optional<bool> single_copy;
-  // Whether shared memory writes large messages (4 MiB per rank and up) into its slots with
-  // streaming stores, which pays where the ranks' cores do not share a cache; nullopt:
-  // CHORUS_SHM_STREAM_SLOTS, and if that is unset, rank 0 times both kinds as the job runs and
-  // uses the faster (in a group with a core for every rank; normal stores otherwise). Rank 0's
-  // setting decides for the group.
+  // Whether shared memory writes messages of 16 KiB per rank and up into its slots with streaming
+  // stores, which pays where the ranks' cores do not share a cache; nullopt:
+  // CHORUS_SHM_STREAM_SLOTS, and if that is unset, rank 0 times both kinds as the job runs, for
+  // each kind and size of call, and uses the faster. Rank 0's setting decides for the group.
   std::optional<bool> stream_slots;
 
   // These options with every unset field taken from `fallback`.
