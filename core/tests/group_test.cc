@@ -113,24 +113,32 @@ TEST(ShmGroups, RanksWithDifferentStreamSettingsUseRankZeros) {
 // then, so that a change is seen.
 TEST(ShmGroups, RankZeroStreamsIntoTheSlotsWhereThatWasFaster) {
   shm::SlotStoreChoice choice;
-  std::vector<bool> first;  // the first call stores normally and is not counted; then each way once
-  for (int call = 1; call <= 3; ++call) {
+  // Each way twice first; the first call, and a call that stores the other way than the one
+  // before, are not counted (here they report times that would turn the choice if they were).
+  std::vector<bool> first;
+  for (int call = 1; call <= 4; ++call) {
     const bool streams = choice.choose();
     first.push_back(streams);
-    choice.took(streams, call == 1 ? 0.5 : streams ? 1.0 : 2.0);
+    choice.took(streams, call == 1 || call == 3 ? 0.1 : streams ? 1.0 : 2.0);
   }
-  EXPECT_EQ(first, (std::vector<bool>{false, false, true}));
+  EXPECT_EQ(first, (std::vector<bool>{false, false, true, true}));
   std::vector<int> slower;
-  for (int call = 4; call <= 200; ++call) {
+  bool before = true;
+  for (int call = 5; call <= 200; ++call) {
     const bool streams = choice.choose();
     if (!streams) slower.push_back(call);
-    choice.took(streams, streams ? 1.0 : 2.0);
+    choice.took(streams, streams != before ? 0.1 : streams ? 1.0 : 2.0);
+    before = streams;
   }
-  EXPECT_EQ(slower, (std::vector<int>{8, 16, 32, 64, 96, 128, 160, 192}));
+  EXPECT_EQ(slower, (std::vector<int>{8, 9, 16, 17, 32, 33, 64, 65, 96, 97, 128, 129, 160, 161, 192, 193}));
   choice.took(true, 9.0);  // one slow call (a preemption) does not turn the choice
+  EXPECT_TRUE(choice.choose());
+  choice.took(true, 2.1);  // nor does a small difference:
+  choice.took(true, 2.1);  // the way in use keeps going until the other is clearly faster
   EXPECT_TRUE(choice.choose());
   choice.took(true, 3.0);  // the cores moved: streaming is now the slower way, and the
   choice.took(true, 3.0);  // kept times of streaming all say so
+  choice.took(true, 3.0);
   EXPECT_FALSE(choice.choose());
 }
 

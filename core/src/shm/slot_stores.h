@@ -27,13 +27,15 @@
 // at least kMinBytes per rank (ticks(), from its first store into a slot to its return), each
 // kind of call and size class apart (choice_index); keeps the last kKept times of each way of
 // storing, of which the fastest counts (a call is only ever slowed, by a preemption or an
-// interrupt); and uses the faster way, trying the other every kTryEvery-th call. The first call
-// is not counted (first touches); the second stores normally and the third streams, and the
-// other way is tried early too (8th and 16th calls), so that one unlucky time does not hold for
-// long while few calls have been made: a short run of large calls (a benchmark's ten) pays for
-// two calls the other way, not for three alternating pairs. A change of
+// interrupt); and uses the faster way, trying the other for two calls every kTryEvery-th call
+// (and early, at the 8th and 16th), and switching only where the other is clearly faster
+// (kSwitchBelow: the other way's kept times span more calls, and their fastest is the luckier
+// for it). Not counted: the first call (first touches), and a call that stores the other way than
+// the one before: it finds the slots as the other way left them, and is faster for it (W=2, 1 MiB
+// all_gather, 0.15 us state: 98-115 us on the first call after a change, 128-144 on the next
+// ones; counted, such calls made the choice swing between the two ways). A change of
 // state is noticed within kKept calls if it slows the way in use, and within kTryEvery calls if
-// it speeds up the other; the price is that one call in kTryEvery takes the slower way. Rank 0's
+// it speeds up the other; the price is that two calls in kTryEvery take the slower way. Rank 0's
 // choice travels in its call line (CallLine::streams); the other ranks store their first chunk as
 // rank 0 chose in the last call of the same kind and size class, and read the choice after the
 // first phase. Either choice moves the same bytes to the same places: it changes the speed, never
@@ -65,29 +67,44 @@ class SlotStoreChoice {
   // Messages at least this large per rank choose (Note [Streaming into the slots]).
   static constexpr size_t kMinBytes = 16u << 10;
   static constexpr uint64_t kTryEvery = 32;
-  static constexpr size_t kKept = 3;  // times kept of each kind of store; the fastest counts
+  static constexpr size_t kKept = 3;            // times kept of each kind of store; the fastest counts
+  static constexpr double kSwitchBelow = 0.85;  // the other way must be this much faster to switch
 
-  // Whether the next call streams: the second call stores normally, the third streams, and from
-  // then on the faster way, but the other at the 8th and 16th calls and every kTryEvery-th.
+  // Whether the next call streams: the first two calls store normally, the next two stream, and
+  // from then on the way in use until the other is clearly faster, but the other for two calls at
+  // the 8th and 16th calls and every kTryEvery-th.
   bool choose() {
     ++calls_;
-    if (calls_ <= 3) return calls_ == 3;
+    if (calls_ <= 4) return calls_ >= 3;
     const double normal = cost(false), streaming = cost(true);
     if (normal == 0) return false;  // untimed (rank 0 had no part in the calls)
     if (streaming == 0) return true;
-    const bool faster = streaming < normal;
-    const bool other = calls_ % kTryEvery == 0 || calls_ == kTryEvery / 4 || calls_ == kTryEvery / 2;
-    return other ? !faster : faster;
+    // The way in use has its times from the last few calls; the other's come from trials spread
+    // over many more, and the fastest of those is luckier: switch only on a clear difference.
+    if (calls_ == 5 || (streams_ ? normal < kSwitchBelow * streaming : streaming < kSwitchBelow * normal))
+      streams_ = streaming < normal;
+    return tries_other() ? !streams_ : streams_;
   }
-  // What a call that streamed or not took per byte, in ticks(). The first call is not counted: it
-  // pays for first touches (page faults, cold caches) whichever way it stores.
+  // What a call that streamed or not took per byte, in ticks(). Not counted: the first call, which
+  // pays for first touches (page faults, cold caches) whichever way it stores, and a call that
+  // stored the other way than the call before, which finds the slots as the other way left them
+  // (W=2, 1 MiB all_gather: the first call after a change took 98-115 us, the next ones 128-144).
   void took(bool streamed, double per_byte) {
-    if (calls_ == 1) return;
+    const bool changed = streamed != last_;
+    last_ = streamed;
+    if (calls_ == 1 || changed) return;
     Kept& k = kept_[streamed ? 1 : 0];
     k.times[k.next++ % kKept] = per_byte;
   }
 
  private:
+  // Two calls the other way (the first of them not counted): at the 8th and the 16th call, so
+  // that one unlucky time does not hold for long while few calls have been made, and then at
+  // every kTryEvery-th.
+  bool tries_other() const {
+    if (calls_ < kTryEvery) return calls_ == 8 || calls_ == 9 || calls_ == 16 || calls_ == 17;
+    return calls_ % kTryEvery <= 1;
+  }
   struct Kept {
     double times[kKept] = {};  // ticks per byte of the last calls; 0: none yet
     size_t next = 0;
@@ -102,6 +119,8 @@ class SlotStoreChoice {
   }
   Kept kept_[2];
   uint64_t calls_ = 0;
+  bool streams_ = false;  // the way in use
+  bool last_ = false;     // the way of the last call
 };
 
 // A cheap clock for comparing one way of storing with the other: the time-stamp counter where
