@@ -4,8 +4,9 @@
 //
 // Each measurement: warm-up runs, then per iteration fresh input (values depend on the
 // iteration), a barrier, the timed call, a barrier, and a check of the output against the exact
-// expected values (outside the timed region; with --check-last, of each size's last call only). Reported: rank 0's median, p95 and mean in
-// microseconds, and algbw/busbw in GB/s with nccl-tests' factors.
+// expected values (outside the timed region; with --check-last, of each size's last call only).
+// Reported: rank 0's median, p95 and mean in microseconds, and algbw/busbw in GB/s with
+// nccl-tests' factors.
 // The mean is what a loop of calls pays per call, and it holds where the median does not: with
 // more ranks than cores each core changes hands once per barrier, and rank 0's barriers split
 // into those it reached last (through at once) and those in which it gave up its core and waited
