@@ -25,7 +25,6 @@ ShmGroup::ShmGroup(Store& store, int rank, int world, const BackendOptions& opti
   // Only a group that tries single copies needs to know (rank 0 decided: Note [Single-copy collectives]).
   single_copy_on_ = seg_.header().single_copy != 0;
   reads_peers_ = single_copy_on_ && options.shm.single_copy.value_or(true) && probe_peer_reads();
-  times_slot_stores_ = !stream_slots_;  // Note [Streaming into the slots]
 }
 
 bool ShmGroup::probe_peer_reads() {
@@ -95,12 +94,12 @@ SlotStores ShmGroup::slot_stores(OpKind kind, size_t bytes) {
     s.stream = learned_streams_[s.choice];  // rank 0's last choice for such calls, until it says
     return s;
   }
-  s.stream = stream_slots_ ? *stream_slots_ : times_slot_stores_ && slot_store_choice_[s.choice].choose();
+  s.stream = stream_slots_ ? *stream_slots_ : slot_store_choice_[s.choice].choose();
   std::atomic<uint32_t>& flags = seg_.ctrl(0).calls[call_ & 1].flags;  // published by the first post
   flags.store(
       (flags.load(std::memory_order_relaxed) & ~uint32_t(kLineStreams)) | (s.stream ? uint32_t(kLineStreams) : 0u),
       std::memory_order_relaxed);
-  if (times_slot_stores_) s.started = ticks();
+  if (!stream_slots_) s.started = ticks();  // measuring: nothing fixes the choice
   return s;
 }
 

@@ -174,7 +174,6 @@ class ShmGroup {
   bool single_copy_on_ = false;  // rank 0's choice (Header::single_copy) until a call turns it off
   std::shared_ptr<SymmetricRegistry> symmetric_ = std::make_shared<SymmetricRegistry>();
   std::optional<bool> stream_slots_;                         // the setting: always / never; nullopt: choose
-  bool times_slot_stores_ = false;                           // nothing set: rank 0 measures
   std::array<SlotStoreChoice, kChoices> slot_store_choice_;  // rank 0's, by choice_index()
   std::array<bool, kChoices> learned_streams_{};             // the others': rank 0's last choices
   Clock::time_point started_, deadline_;

@@ -54,8 +54,9 @@
 // cannot move it, so yielding only hands its core to another process for a time slice: beside a
 // CPU-bound process, which the scheduler moves onto whichever core a rank yields, a 1 MiB broadcast
 // at W=2 took a median of 1.17-1.24 ms with a 50 us spin and 0.08-0.18 ms with 2 ms (Open MPI's
-// ranks, which spin without end, 0.09-0.20 in the same runs). The rank's own other threads may still need the core:
-// a DDP step at W=2 with its all_reduce overlapping the backward pass did not change beyond noise.
+// ranks, which spin without end, 0.09-0.20 in the same runs). The rank's own other threads may
+// still need the core: a DDP step at W=2 with its all_reduce overlapping the backward pass did
+// not change beyond noise.
 //
 // Note [Light posts]: a sleeper and a poster meet like Dekker's pair: the sleeper counts itself
 // in `waiters` and then reads the word, the poster writes the word and then reads `waiters`, and
