@@ -7,8 +7,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "chorus/core/settings.h"
@@ -109,53 +112,102 @@ TEST(ShmGroups, RanksWithDifferentStreamSettingsUseRankZeros) {
       }));
 }
 
-// The choice itself: the faster store by the fastest of its last times, and the other now and
-// then, so that a change is seen.
+// The choice itself, one call ahead as the group makes it: the faster way by the fastest of its
+// last times, and the others now and then, so that a change is seen. `cost` gives a way's time;
+// each call reports 0.1 where it is not counted (the first call, a call that went another way than
+// the one before), a time that would turn the choice if it were counted. The ways the calls went.
+std::vector<shm::Way> run_choice(shm::WayChoice& choice, unsigned allowed, int calls,
+                                 const std::function<double(shm::Way)>& cost) {
+  std::vector<shm::Way> went;
+  shm::Way way = shm::Way(__builtin_ctz(allowed));  // the first call goes the first allowed way
+  for (int call = 1; call <= calls; ++call) {
+    const shm::Way next = choice.choose(allowed);  // at the call's start, for the next one
+    choice.took(way, call == 1 || (call > 1 && went.back() != way) ? 0.1 : cost(way));
+    went.push_back(way);
+    way = next;
+  }
+  return went;
+}
+
+// The calls among `went` (numbered from 1) that did not go `way`.
+std::vector<int> not_going(const std::vector<shm::Way>& went, shm::Way way) {
+  std::vector<int> calls;
+  for (size_t i = 0; i < went.size(); ++i)
+    if (went[i] != way) calls.push_back(int(i) + 1);
+  return calls;
+}
+
 TEST(ShmGroups, RankZeroStreamsIntoTheSlotsWhereThatWasFaster) {
-  shm::SlotStoreChoice choice;
-  // Each way twice first; the first call, and a call that stores the other way than the one
-  // before, are not counted (here they report times that would turn the choice if they were).
-  std::vector<bool> first;
-  for (int call = 1; call <= 4; ++call) {
-    const bool streams = choice.choose();
-    first.push_back(streams);
-    choice.took(streams, call == 1 || call == 3 ? 0.1 : streams ? 1.0 : 2.0);
-  }
-  EXPECT_EQ(first, (std::vector<bool>{false, false, true, true}));
-  std::vector<int> slower;
-  bool before = true;
-  for (int call = 5; call <= 200; ++call) {
-    const bool streams = choice.choose();
-    if (!streams) slower.push_back(call);
-    choice.took(streams, streams != before ? 0.1 : streams ? 1.0 : 2.0);
-    before = streams;
-  }
-  EXPECT_EQ(slower, (std::vector<int>{8, 9, 16, 17, 32, 33, 64, 65, 96, 97, 128, 129, 160, 161, 192, 193}));
-  choice.took(true, 9.0);  // one slow call (a preemption) does not turn the choice
-  EXPECT_TRUE(choice.choose());
-  choice.took(true, 2.1);  // nor does a small difference:
-  choice.took(true, 2.1);  // the way in use keeps going until the other is clearly faster
-  EXPECT_TRUE(choice.choose());
-  choice.took(true, 3.0);  // the cores moved: streaming is now the slower way, and the
-  choice.took(true, 3.0);  // kept times of streaming all say so
-  choice.took(true, 3.0);
-  EXPECT_FALSE(choice.choose());
+  using shm::Way;
+  const unsigned stores = shm::way_bit(Way::kNormal) | shm::way_bit(Way::kStream);
+  shm::WayChoice choice;
+  // Each way twice first, then the faster timed so far (streaming's second call is timed only
+  // once the call after it is decided), then the faster, but the other for two calls every 32
+  // calls times how much slower it was: here every 64.
+  auto went = run_choice(choice, stores, 210, [](Way w) { return w == Way::kStream ? 1.0 : 2.0; });
+  EXPECT_EQ(std::vector<Way>(went.begin(), went.begin() + 6),
+            (std::vector<Way>{Way::kNormal, Way::kNormal, Way::kStream, Way::kStream, Way::kNormal, Way::kStream}));
+  EXPECT_EQ(not_going(went, Way::kStream), (std::vector<int>{1, 2, 5, 70, 71, 135, 136, 200, 201}));
+  // A way ten times slower is tried every 320 calls: trials stay out of the slowest 5% of calls.
+  shm::WayChoice far;
+  EXPECT_EQ(
+      not_going(run_choice(far, stores, 1000, [](Way w) { return w == Way::kStream ? 1.0 : 10.0; }), Way::kStream),
+      (std::vector<int>{1, 2, 5, 326, 327, 647, 648, 968, 969}));
+  choice.took(Way::kStream, 9.0);  // one slow call (a preemption) does not turn the choice
+  EXPECT_EQ(choice.choose(stores), Way::kStream);
+  choice.took(Way::kStream, 2.1);  // nor does a small difference:
+  choice.took(Way::kStream, 2.1);  // the way in use keeps going until the other is clearly faster
+  EXPECT_EQ(choice.choose(stores), Way::kStream);
+  choice.took(Way::kStream, 3.0);  // the cores moved: streaming is now the slower way, and the
+  choice.took(Way::kStream, 3.0);  // kept times of streaming all say so
+  choice.took(Way::kStream, 3.0);
+  EXPECT_EQ(choice.choose(stores), Way::kNormal);
+}
+
+// Note [Single-copy collectives] as a third way: tried after the two ways of storing, taken where
+// it is the fastest, and each other way tried as often as its cost says; one allowed way is no
+// choice at all.
+TEST(ShmGroups, RankZeroReadsThePeersWhereThatWasFaster) {
+  using shm::Way;
+  const unsigned all = shm::way_bit(Way::kNormal) | shm::way_bit(Way::kStream) | shm::way_bit(Way::kSingleCopy);
+  shm::WayChoice choice;
+  auto went = run_choice(choice, all, 100, [](Way w) {
+    return w == Way::kSingleCopy ? 1.0 : w == Way::kStream ? 2.0 : 3.0;
+  });
+  EXPECT_EQ(std::vector<Way>(went.begin(), went.begin() + 8),
+            (std::vector<Way>{Way::kNormal, Way::kNormal, Way::kStream, Way::kStream, Way::kSingleCopy,
+                              Way::kSingleCopy, Way::kStream, Way::kSingleCopy}));
+  // Streaming, twice as slow, is tried at the 72nd call; normal stores, three times, at the 104th.
+  EXPECT_EQ(not_going(went, Way::kSingleCopy), (std::vector<int>{1, 2, 3, 4, 7, 72, 73}));
+  EXPECT_EQ(went[71], Way::kStream);
+  // Single copies were stopped: the choice goes on between the other two, on their times.
+  const unsigned stores = shm::way_bit(Way::kNormal) | shm::way_bit(Way::kStream);
+  EXPECT_EQ(choice.choose(stores), Way::kStream);
+  shm::WayChoice told;  // a setting leaves one way: no trials
+  EXPECT_EQ(not_going(run_choice(told, shm::way_bit(Way::kSingleCopy), 100, [](Way) { return 1.0; }), Way::kSingleCopy),
+            std::vector<int>{});
 }
 
 // Note [Single-copy collectives]: middle-sized all_gathers read the peers' inputs directly when
-// every rank allows it (each rank's own setting; rank 0's "yes" makes the group try, on any
-// CPU), and go through the slots, on every rank alike, as soon as one does not. Either way every form gives the same blocks, call after call.
+// every rank allows it (each rank's own setting; rank 0's "yes" makes every such call read, its
+// silence makes it time them against the slots, call after call), and go through the slots, on
+// every rank alike, as soon as one does not. Every way gives the same blocks, call after call.
 TEST(ShmGroups, SingleCopyAllGathersAreRightWhateverEachRankAllows) {
-  for (int refuser : {-1, 0, 1}) {
+  using Said = std::optional<bool>;
+  const std::pair<Said, Said> settings[] = {
+      {true, true}, {false, true}, {true, false}, {std::nullopt, std::nullopt}, {std::nullopt, false}};
+  for (const auto& [zero, one] : settings) {
     expect_all_ok(run_ranks(2, [&](RankContext& ctx) {
       CommunicatorOptions options;
       options.backend = "shm";
-      options.shm.single_copy = ctx.rank != refuser;
+      options.shm.single_copy = ctx.rank == 0 ? zero : one;
       auto comm = Communicator::create(ctx.store, ctx.rank, ctx.world, options);
       const int me = comm->rank();
       auto value = [](int r, size_t i, int round) { return float(r * 1000003 + int(i % 65521) + round); };
-      for (int round = 0; round < 3; ++round)
-        for (size_t count : {size_t(65536) + 5, size_t(262144) + 1, size_t(400000)}) {  // 256 KiB .. 1.6 MiB
+      const int rounds = zero ? 3 : 40;  // timed: past the trials of every way
+      for (int round = 0; round < rounds; ++round)
+        for (size_t count :
+             {size_t(4096) + 3, size_t(65536) + 5, size_t(262144) + 1, size_t(400000)}) {  // 16 KiB .. 1.6 MiB
           std::vector<float> in(count), out(2 * count, -1.0f);
           for (size_t i = 0; i < count; ++i) in[i] = value(me, i, round);
           comm->all_gather(in.data(), out.data(), count, DataType::Float32);
@@ -178,8 +230,8 @@ TEST(ShmGroups, SingleCopyAllGathersAreRightWhateverEachRankAllows) {
   }
 }
 
-// Note [Single-copy collectives]: rank 0's choice decides whether a group tries single copies at
-// all (the same answer on every rank, whatever theirs), and with nothing said, the CPU decides.
+// Note [Single-copy collectives]: rank 0's setting decides whether a group tries single copies at
+// all (the same answer on every rank, whatever theirs), and with nothing said, it does (timing them).
 TEST(ShmGroups, RankZeroDecidesWhetherAGroupTriesSingleCopies) {
   const std::optional<bool> choices[] = {std::nullopt, true, false};
   auto said = [](const std::optional<bool>& c) { return !c ? "nothing" : *c ? "yes" : "no"; };
@@ -191,7 +243,7 @@ TEST(ShmGroups, RankZeroDecidesWhetherAGroupTriesSingleCopies) {
         options.deadline = Clock::now() + 30s;
         options.shm.single_copy = ctx.rank == 0 ? zero : one;
         shm::ShmGroup g(*ctx.store, ctx.rank, ctx.world, options);
-        const bool tries = zero.value_or(shm::single_copy_pays_here()) && shm::usable_cores() >= 2;
+        const bool tries = zero.value_or(true) && shm::usable_cores() >= 2;
         RANK_CHECK(g.single_copy(OpKind::AllGather, 1 << 20) == tries, "rank 0 said ", said(zero), ", rank 1 ",
                    said(one));
         RANK_CHECK(!g.single_copy(OpKind::Broadcast, 1 << 20) && !g.single_copy(OpKind::AllGather, 64 << 20));

@@ -47,11 +47,14 @@ bool all_gather_direct(ShmGroup& g, const Call& c, const std::vector<size_t>& di
 // starting with the next rank's, so the ranks spread over their peers. False (after the phases)
 // sends every rank down the staged path.
 template <class Block>
-bool all_gather_single_copy(ShmGroup& g, const Call& c, const std::vector<size_t>& displ, Block&& block) {
+bool all_gather_single_copy(ShmGroup& g, const Call& c, const std::vector<size_t>& displ, Block&& block,
+                            const SlotStores& way) {
   const int world = g.world(), me = g.rank();
   const size_t es = element_size(c.dtype);
   PeerSources from;
-  if (!from.exchange(g, c.in)) return false;
+  const bool everyone = from.exchange(g, c.in);
+  g.learn_slot_stores(way);
+  if (!everyone) return false;
   move_bytes(block(me), c.in, (displ[size_t(me) + 1] - displ[size_t(me)]) * es);
   for (int k = 1; k < world; ++k) {
     const int p = (me + k) % world;
@@ -93,13 +96,16 @@ void gather(ShmGroup& g, const Call& c) {
   if (all_gather && c.outs.empty() && g.symmetric_made() != 0 && displ.back() * es >= kDirectMinBytes &&
       all_gather_direct(g, c, displ, stream))
     return;
-  if (all_gather && g.single_copy(c.kind, most * es) && all_gather_single_copy(g, c, displ, block)) return;
+  SlotStores stores = g.slot_stores(c.kind, most * es, all_gather);  // Note [Streaming into the slots]
+  if (stores.way == Way::kSingleCopy) {
+    if (all_gather_single_copy(g, c, displ, block, stores)) return g.slot_stores_done(stores, most * es);
+    stores = {};  // normal stores, untimed, the way of the next call learned
+  }
 
   uint8_t* own = gets ? block(me) : nullptr;
   const bool in_place = own == in;
   const size_t chunk = g.slot_bytes() / es;
   const size_t rounds = std::max<size_t>(1, rounds_for(most, std::max<size_t>(chunk, 1)));
-  SlotStores stores = g.slot_stores(c.kind, most * es);  // Note [Streaming into the slots]
   for (size_t k = 0; k < rounds; ++k) {
     const size_t n = in_round(mine, chunk, k);
     uint8_t* slot = g.write_slot();

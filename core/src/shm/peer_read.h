@@ -14,16 +14,17 @@
 // That saves a copy, but not the transfer between cores, which is what costs most when the data
 // was just written (as a training step writes its tensors): the kernel pins each page it copies,
 // the slots pipeline and the reads do not, and a rank that shares its core with a peer must do
-// its peer's reads too. Where single copies win was measured (bench/compare.py) and is kept in
-// one table, single_copy_window(): today a middle-sized all_gather with a core for each rank.
-// And it depends on the machine, through the speed of the kernel's copy. On a 2-core Xeon VM the
-// window won (W=2 all_gather of 1 MiB: 160-173 us against 211-217 through the slots); on a 2-core
-// Zen 5 VM process_vm_readv moves 9.6-10 GB/s whatever the size or page size (4 KiB pages or
-// transparent huge pages alike: 1 MiB in 103-107 us, where a memcpy takes 18) and the window lost
-// at every size (1 MiB 165-170 against 95-103, 256 KiB 32-33 against 16-24). So a group tries
-// single copies only where rank 0 says so: CHORUS_SHM_SINGLE_COPY=1 (or
-// CommunicatorOptions::shm.single_copy) on any CPU, unset on Intel CPUs only
-// (single_copy_pays_here()), and 0 never.
+// its peer's reads too. Where single copies may win is kept in one table, single_copy_window():
+// an all_gather of 16 KiB to 4 MiB per rank with a core for each rank. Whether they do depends on
+// the machine, and on a VM from minute to minute: on a 2-core Xeon VM they won (W=2 all_gather of
+// 1 MiB: 160-173 us against 211-217 through the slots); on a 2-core Zen 5 VM process_vm_readv moved
+// 9.6-10 GB/s whatever the size or page size and they lost at every size (1 MiB 165-170 against
+// 95-103); on the 2-core Zen 4 VM they won in one of its states and lost in another (W=2, 1 MiB:
+// 104 against 127 us through the slots where a cache line's round trip took 0.15 us, 204 against
+// 109 where it took 0.52: Note [Streaming into the slots]). So, unless told, rank 0 times them
+// against the slots as the job runs, as a third way of such calls, and the group takes the faster.
+// CHORUS_SHM_SINGLE_COPY=1 (or CommunicatorOptions::shm.single_copy) makes every call in the
+// window read its peers, and 0 none.
 //
 // Whether a peer's memory can be read is decided once per group that tries single copies, when it
 // is made (probe_peer_reads): the kernel may refuse (Yama's ptrace_scope, seccomp), and a pid from
@@ -47,21 +48,20 @@ namespace chorus::shm {
 
 class ShmGroup;
 
-// Whether single copies were measured faster than the slots on this CPU (Intel) when nothing
-// says otherwise.
-bool single_copy_pays_here();
+// Rank 0's setting of single copies for its group (Header::single_copy).
+enum SingleCopyMode : uint32_t { kSingleCopyNever = 0, kSingleCopyAlways = 1, kSingleCopyTimed = 2 };
 
 // Copies n bytes at `remote` in process `pid` into `local`. False when the kernel refuses or
 // `remote` is not mapped there. Never throws.
 bool read_peer(int pid, const void* remote, void* local, size_t n);
 
-// The message sizes (bytes per rank) for which a collective reads its peers directly.
+// The message sizes (bytes per rank) for which a collective may read its peers directly.
 struct SingleCopyWindow {
   size_t min_bytes = 0, max_bytes = 0;
   bool contains(size_t bytes) const { return bytes >= min_bytes && bytes <= max_bytes; }
 };
 // The window of `kind` in a group of `world` ranks on `cores` cores (rank 0's count, so every rank
-// gets the same window); empty where the slots are faster.
+// gets the same window); empty where the slots were always faster.
 SingleCopyWindow single_copy_window(OpKind kind, int world, int cores);
 
 // One single-copy call's view of its peers' source buffers (Note [Single-copy collectives]).

@@ -63,7 +63,7 @@ Layout::Layout(int w, size_t slot) : world(w) {
   total = round_up(channels_offset + pairs * channel_stride, 4096);
 }
 
-Segment::Segment(Store& store, int rank, int world, size_t slot_bytes, bool single_copy, Clock::time_point deadline,
+Segment::Segment(Store& store, int rank, int world, size_t slot_bytes, uint32_t single_copy, Clock::time_point deadline,
                  const std::string& group_name)
     : layout_(world, slot_bytes) {
   std::string name;
@@ -97,7 +97,7 @@ Segment::Segment(Store& store, int rank, int world, size_t slot_bytes, bool sing
   }
 }
 
-void Segment::join(Store& store, int rank, int world, bool single_copy, Clock::time_point deadline,
+void Segment::join(Store& store, int rank, int world, uint32_t single_copy, Clock::time_point deadline,
                    const std::string& group_name, const std::string& name) {
   if (rank == 0) {
     Header& h = header();
@@ -105,7 +105,7 @@ void Segment::join(Store& store, int rank, int world, bool single_copy, Clock::t
     h.slot_bytes = layout_.slot_bytes;
     h.p2p_chunk = layout_.p2p_chunk;
     h.cores = uint32_t(job_cores());
-    h.single_copy = single_copy ? 1 : 0;
+    h.single_copy = single_copy;
     h.magic = kMagic;
     store.set("shm_name", name);
   } else {

@@ -54,9 +54,9 @@ int create_shm_object(const std::string& who, const std::string& name, size_t by
 // knows the current call: a peer still finishing the call before may raise too, in a group that
 // is aborted either way.) Reading the flag costs nothing: the line is already in the cache.
 enum CallLineFlags : uint32_t {
-  kLineStreams = 1,  // rank 0's: this call writes its large message into the slots with
-                     // streaming stores (Note [Streaming into the slots])
-  kLineAborted = 2,  // this rank aborted the group
+  kLineAborted = 1,   // this rank aborted the group
+  kLineNextWay = 6,   // rank 0's: the Way of the next call of this kind and size, shifted by
+  kLineWayShift = 1,  // kLineWayShift (Note [Streaming into the slots])
 };
 struct alignas(kLine) CallLine {
   CallDesc desc;
@@ -95,7 +95,7 @@ struct alignas(kLine) Header {
   uint64_t p2p_chunk;
   std::atomic<uint32_t> attached;
   uint32_t cores;        // rank 0's job_cores(), so that every rank picks the same algorithms
-  uint32_t single_copy;  // rank 0's: whether the group tries single copies (Note [Single-copy collectives])
+  uint32_t single_copy;  // rank 0's SingleCopyMode (Note [Single-copy collectives])
 };
 
 struct alignas(kLine) ChannelEnd {
@@ -128,7 +128,7 @@ class Segment {
   // Collective over the group: creates or maps the segment (Note [Segment lifetime]) and waits
   // until every rank has mapped it. Throws TimeoutError naming the ranks that never came. Rank 0's
   // slot_bytes and single_copy hold for the group.
-  Segment(Store& store, int rank, int world, size_t slot_bytes, bool single_copy, Clock::time_point deadline,
+  Segment(Store& store, int rank, int world, size_t slot_bytes, uint32_t single_copy, Clock::time_point deadline,
           const std::string& group_name);
   ~Segment();
   Segment(const Segment&) = delete;
@@ -154,7 +154,7 @@ class Segment {
 
  private:
   // After mapping: check the layout, announce this rank, wait for the others.
-  void join(Store& store, int rank, int world, bool single_copy, Clock::time_point deadline,
+  void join(Store& store, int rank, int world, uint32_t single_copy, Clock::time_point deadline,
             const std::string& group_name, const std::string& name);
 
   Layout layout_;

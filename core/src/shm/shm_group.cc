@@ -12,7 +12,10 @@ ShmGroup::ShmGroup(Store& store, int rank, int world, const BackendOptions& opti
       world_(world),
       name_(options.group_name),
       named_(options),
-      seg_(store, rank, world, options.shm.chunk_bytes, options.shm.single_copy.value_or(single_copy_pays_here()),
+      seg_(store, rank, world, options.shm.chunk_bytes,
+           !options.shm.single_copy   ? kSingleCopyTimed
+           : *options.shm.single_copy ? kSingleCopyAlways
+                                      : kSingleCopyNever,
            options.deadline, options.group_name),
       policy_(SpinPolicy::for_group(world)),
       calls_(size_t(world)),
@@ -23,7 +26,8 @@ ShmGroup::ShmGroup(Store& store, int rank, int world, const BackendOptions& opti
   for (int r = 0; r < world; ++r)
     if (r != rank) watch_.watch(r, seg_.ctrl(r).pid.load());
   // Only a group that tries single copies needs to know (rank 0 decided: Note [Single-copy collectives]).
-  single_copy_on_ = seg_.header().single_copy != 0;
+  single_copy_on_ = seg_.header().single_copy != kSingleCopyNever;
+  single_copy_timed_ = seg_.header().single_copy == kSingleCopyTimed;
   reads_peers_ = single_copy_on_ && options.shm.single_copy.value_or(true) && probe_peer_reads();
 }
 
@@ -84,34 +88,44 @@ void ShmGroup::start(const Call& call) {
   }
 }
 
-SlotStores ShmGroup::slot_stores(OpKind kind, size_t bytes) {
+SlotStores ShmGroup::slot_stores(OpKind kind, size_t bytes, bool may_read_peers) {
   static_assert(size_t(OpKind::RecvAny) < 32);
   SlotStores s;
-  s.large = world_ > 1 && bytes >= SlotStoreChoice::kMinBytes;
+  s.large = world_ > 1 && bytes >= WayChoice::kMinBytes;
   if (!s.large) return s;
   s.choice = choice_index(kind, bytes);
-  if (rank_ != 0) {
-    s.stream = learned_streams_[s.choice];  // rank 0's last choice for such calls, until it says
-    return s;
-  }
-  s.stream = stream_slots_ ? *stream_slots_ : slot_store_choice_[s.choice].choose();
+  // Whether this call may read its peers is the same on every rank, and so is its way then.
+  const bool reads = may_read_peers && single_copy(kind, bytes);
+  unsigned allowed = way_bit(Way::kSingleCopy);
+  if (!reads || single_copy_timed_)
+    allowed = (reads ? way_bit(Way::kSingleCopy) : 0u) | (stream_slots_ != true ? way_bit(Way::kNormal) : 0u) |
+              (stream_slots_ != false ? way_bit(Way::kStream) : 0u);
+  s.way = planned_[s.choice];
+  if (allowed == way_bit(Way::kSingleCopy))
+    s.way = Way::kSingleCopy;  // rank 0's setting says so
+  else if (s.way == Way::kSingleCopy && !reads)
+    s.way = Way::kNormal;  // single copies were stopped, on every rank at the same call
+  if (rank_ == 0 && !(allowed & way_bit(s.way))) s.way = Way(__builtin_ctz(allowed));  // rank 0's setting of the stores
+  s.stream = s.way == Way::kStream;
+  if (rank_ != 0) return s;
+  const Way next = way_choice_[s.choice].choose(allowed);
+  planned_[s.choice] = next;
   std::atomic<uint32_t>& flags = seg_.ctrl(0).calls[call_ & 1].flags;  // published by the first post
-  flags.store(
-      (flags.load(std::memory_order_relaxed) & ~uint32_t(kLineStreams)) | (s.stream ? uint32_t(kLineStreams) : 0u),
-      std::memory_order_relaxed);
-  if (!stream_slots_) s.started = ticks();  // measuring: nothing fixes the choice
+  flags.store((flags.load(std::memory_order_relaxed) & ~uint32_t(kLineNextWay)) | (uint32_t(next) << kLineWayShift),
+              std::memory_order_relaxed);
+  if (__builtin_popcount(allowed) > 1) s.started = ticks();  // measuring: nothing fixes the way
   return s;
 }
 
-void ShmGroup::learn_slot_stores(SlotStores& s) {
+void ShmGroup::learn_slot_stores(const SlotStores& s) {
   if (!s.large || rank_ == 0) return;
-  s.stream = (seg_.ctrl(0).calls[call_ & 1].flags.load(std::memory_order_relaxed) & kLineStreams) != 0;
-  learned_streams_[s.choice] = s.stream;
+  const uint32_t flags = seg_.ctrl(0).calls[call_ & 1].flags.load(std::memory_order_relaxed);
+  planned_[s.choice] = Way((flags & kLineNextWay) >> kLineWayShift);
 }
 
 void ShmGroup::slot_stores_done(const SlotStores& s, size_t bytes) {
   if (!s.large || s.started == 0) return;  // untimed: not rank 0, or not measuring
-  slot_store_choice_[s.choice].took(s.stream, double(ticks() - s.started) / double(bytes));
+  way_choice_[s.choice].took(s.way, double(ticks() - s.started) / double(bytes));
 }
 
 void ShmGroup::post() {

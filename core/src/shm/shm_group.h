@@ -120,7 +120,7 @@ class ShmGroup {
   }
 
   // Single copies (Note [Single-copy collectives]). Whether a call of `kind` moving `bytes` per
-  // rank should try one; the same answer on every rank.
+  // rank may read its peers; the same answer on every rank.
   bool single_copy(OpKind kind, size_t bytes) {
     return single_copy_on_ && single_copy_window(kind, world_, int(seg_.header().cores)).contains(bytes);
   }
@@ -128,13 +128,15 @@ class ShmGroup {
   void stop_single_copy() { single_copy_on_ = false; }  // every rank calls it at the same call
   int pid_of(int r) { return seg_.ctrl(r).pid.load(std::memory_order_relaxed); }
 
-  // How a staged call moving `bytes` per rank writes into the slots (Note [Streaming into the
-  // slots]). slot_stores() before the call's first store: rank 0 chooses for the call and
-  // publishes it, the others write as rank 0 chose last time until they learn it.
+  // The way of a staged call moving `bytes` per rank (Note [Streaming into the slots]): how it
+  // writes into the slots, or, where `may_read_peers` and single_copy(), whether it reads its
+  // peers instead. The way of a call was chosen by rank 0 in the last call of the same kind and
+  // size class, and is the same on every rank that learned it. slot_stores() before the call's
+  // first store or sync: rank 0 chooses the way of the next such call and publishes it.
   // learn_slot_stores() after the first sync; slot_stores_done() after the last phase, where rank
   // 0 times the call.
-  SlotStores slot_stores(OpKind kind, size_t bytes);
-  void learn_slot_stores(SlotStores& s);
+  SlotStores slot_stores(OpKind kind, size_t bytes, bool may_read_peers = false);
+  void learn_slot_stores(const SlotStores& s);
   void slot_stores_done(const SlotStores& s, size_t bytes);
 
   // Publishes this rank's failure so peers stop waiting for it.
@@ -171,11 +173,12 @@ class ShmGroup {
   std::vector<RankCall> calls_;  // compare()'s view of every rank's call, kept between calls
   uint32_t symmetric_made_ = 0;
   bool reads_peers_ = false;
-  bool single_copy_on_ = false;  // rank 0's choice (Header::single_copy) until a call turns it off
+  bool single_copy_on_ = false;     // rank 0's setting (Header::single_copy) allows them, until a call turns them off
+  bool single_copy_timed_ = false;  // rank 0 times them against the slots (kSingleCopyTimed)
   std::shared_ptr<SymmetricRegistry> symmetric_ = std::make_shared<SymmetricRegistry>();
-  std::optional<bool> stream_slots_;                         // the setting: always / never; nullopt: choose
-  std::array<SlotStoreChoice, kChoices> slot_store_choice_;  // rank 0's, by choice_index()
-  std::array<bool, kChoices> learned_streams_{};             // the others': rank 0's last choices
+  std::optional<bool> stream_slots_;            // the setting: always / never; nullopt: choose
+  std::array<WayChoice, kChoices> way_choice_;  // rank 0's, by choice_index()
+  std::array<Way, kChoices> planned_{};         // the way of the next call, by choice_index()
   Clock::time_point started_, deadline_;
 };
 

@@ -1,4 +1,4 @@
-// How a staged message is written into the slots.
+// How a staged message is written into the slots, or whether it is read from the peers instead.
 //
 // Note [Streaming into the slots]: a staged message crosses between the ranks one chunk per
 // phase: a rank writes the chunk into its slot, and its peers read it after the next sync.
@@ -24,30 +24,43 @@
 // (reduce_scatter gained nothing on two dies, so it stores normally.)
 //
 // The ranks cannot see which state they are in, so rank 0 measures: it times each staged call of
-// at least kMinBytes per rank (ticks(), from its first store into a slot to its return), each
-// kind of call and size class apart (choice_index); keeps the last kKept times of each way of
-// storing, of which the fastest counts (a call is only ever slowed, by a preemption or an
-// interrupt); and uses the faster way, trying the other for two calls every kTryEvery-th call
-// (and early, at the 8th and 16th), and switching only where the other is clearly faster
-// (kSwitchBelow: the other way's kept times span more calls, and their fastest is the luckier
-// for it). Not counted: the first call (first touches), and a call that stores the other way than
-// the one before: it finds the slots as the other way left them, and is faster for it (W=2, 1 MiB
+// at least kMinBytes per rank (ticks(), from its first store into a slot, or its first phase, to
+// its return), each kind of call and size class apart (choice_index); keeps the last kKept times
+// of each way, of which the fastest counts (a call is only ever slowed, by a preemption or an
+// interrupt); and uses the fastest way, switching only where another is clearly faster
+// (kSwitchBelow: the other way's kept times span more calls, and their fastest is the luckier for
+// it). Not counted: the first call (first touches), and a call that goes another way than the one
+// before: it finds the slots as the other way left them, and is faster for it (W=2, 1 MiB
 // all_gather, 0.15 us state: 98-115 us on the first call after a change, 128-144 on the next
-// ones; counted, such calls made the choice swing between the two ways). A change of
-// state is noticed within kKept calls if it slows the way in use, and within kTryEvery calls if
-// it speeds up the other; the price is that two calls in kTryEvery take the slower way. Rank 0's
-// choice travels in its call line (CallLine::streams); the other ranks store their first chunk as
-// rank 0 chose in the last call of the same kind and size class, and read the choice after the
-// first phase. Either choice moves the same bytes to the same places: it changes the speed, never
-// the result, and no rank has to agree with another for correctness.
+// ones; counted, such calls made the choice swing between the two ways). A change of state is
+// noticed within kKept calls if it slows the way in use; to notice one that speeds up another
+// way, each other way is tried for two calls now and then: kTryEvery calls after the last trial,
+// times how much slower it was (a way ten times slower is tried every 320 calls). Trials at a
+// fixed two calls in 32 (6%) were the slowest 5% of calls wherever the other way was much slower,
+// and made chorus's tail: W=2, 2 threads of matmul between calls (compare.py --load matmul), a
+// 1 MiB broadcast's p95 took 426-433 us against a median of 41-42 (Open MPI's p95: 198-200), and
+// 48-50 us with the way fixed by CHORUS_SHM_STREAM_SLOTS=1.
+//
+// An all_gather has a third way (Note [Single-copy collectives]): each rank reads its peers'
+// inputs through the kernel, one copy instead of two, and no line a peer holds is written. It won
+// in the 0.15 us state (W=2, 64 KiB 8.6 against 10.2 us through the slots, 1 MiB 104 against
+// 127) and lost in the 0.52 us one (1 MiB 204 against 109). Every rank must take it, or none:
+// its first phase publishes buffers, not data. So rank 0 chooses one call ahead: at the start of
+// a call it decides the way of the next call of the same kind and size class, and publishes it in
+// its call line (kLineNextWay), which every rank reads after the call's first phase
+// (learn_slot_stores) and follows in that next call. Every rank of an all_gather passes that
+// phase, so they all go the same way. The ways of storing need no agreement: they move the same
+// bytes to the same places, and a rank that leaves a call before its first phase (a broadcast's
+// root, Note [Owed waits]) stores its own way until it learns rank 0's.
 //
 // With more ranks than cores as well: ranks that share a core share its caches, but half of the
 // transfers still cross between the cores. W=4 on the 2 cores, normal against streaming, in the
 // 0.52 us state: all_gather 1 MiB 1150 against 414 us, all_reduce 1 MiB 865 against 264,
 // broadcast 1 MiB 480 against 39; in the fast states all_reduce 1 MiB 173-179 against 264-288.
 // Rank 0's times swing more there, which the fastest of kKept times absorbs.
-// CHORUS_SHM_STREAM_SLOTS (CommunicatorOptions::shm.stream_slots) fixes the choice for any group:
-// rank 0's setting decides for the group.
+// CHORUS_SHM_STREAM_SLOTS (CommunicatorOptions::shm.stream_slots) fixes the way of storing for
+// any group, CHORUS_SHM_SINGLE_COPY (shm.single_copy) whether all_gathers read their peers;
+// rank 0's settings decide for the group.
 #pragma once
 
 #include <cstddef>
@@ -61,66 +74,56 @@
 
 namespace chorus::shm {
 
-// Rank 0's choice between normal and streaming stores into the slots, for one kind and size of call.
-class SlotStoreChoice {
- public:
-  // Messages at least this large per rank choose (Note [Streaming into the slots]).
-  static constexpr size_t kMinBytes = 16u << 10;
-  static constexpr uint64_t kTryEvery = 32;
-  static constexpr size_t kKept = 3;            // times kept of each kind of store; the fastest counts
-  static constexpr double kSwitchBelow = 0.85;  // the other way must be this much faster to switch
+// The ways a staged call of at least WayChoice::kMinBytes per rank may move its data.
+enum class Way : uint8_t {
+  kNormal,      // through the slots, normal stores
+  kStream,      // through the slots, streaming stores
+  kSingleCopy,  // reading the peers' buffers (all_gathers only: Note [Single-copy collectives])
+};
+constexpr int kWays = 3;
+constexpr unsigned way_bit(Way w) { return 1u << unsigned(w); }
 
-  // Whether the next call streams: the first two calls store normally, the next two stream, and
-  // from then on the way in use until the other is clearly faster, but the other for two calls at
-  // the 8th and 16th calls and every kTryEvery-th.
-  bool choose() {
-    ++calls_;
-    if (calls_ <= 4) return calls_ >= 3;
-    const double normal = cost(false), streaming = cost(true);
-    if (normal == 0) return false;  // untimed (rank 0 had no part in the calls)
-    if (streaming == 0) return true;
-    // The way in use has its times from the last few calls; the other's come from trials spread
-    // over many more, and the fastest of those is luckier: switch only on a clear difference.
-    if (calls_ == 5 || (streams_ ? normal < kSwitchBelow * streaming : streaming < kSwitchBelow * normal))
-      streams_ = streaming < normal;
-    return tries_other() ? !streams_ : streams_;
-  }
-  // What a call that streamed or not took per byte, in ticks(). Not counted: the first call, which
-  // pays for first touches (page faults, cold caches) whichever way it stores, and a call that
-  // stored the other way than the call before, which finds the slots as the other way left them
-  // (W=2, 1 MiB all_gather: the first call after a change took 98-115 us, the next ones 128-144).
-  void took(bool streamed, double per_byte) {
-    const bool changed = streamed != last_;
-    last_ = streamed;
-    if (calls_ == 1 || changed) return;
-    Kept& k = kept_[streamed ? 1 : 0];
-    k.times[k.next++ % kKept] = per_byte;
-  }
+// Rank 0's choice of the way of one kind and size of call, one call ahead (Note [Streaming into the slots]).
+class WayChoice {
+ public:
+  // Messages at least this large per rank choose.
+  static constexpr size_t kMinBytes = 16u << 10;
+  static constexpr size_t kKept = 3;            // times kept of each way; the fastest counts
+  static constexpr double kSwitchBelow = 0.85;  // another way must be this much faster to switch
+  // Calls between two trials of another way: kTryEvery times how much slower than the way in use
+  // it was, up to kTryMost.
+  static constexpr uint64_t kTryEvery = 32, kTryMost = 1024;
+
+  // The way of the call after the one being made, among the `allowed` ways (way_bit()s): each
+  // allowed way for two calls first (normal, streaming, single copy), then the way in use until
+  // another is clearly faster, but each other way for two calls now and then (trials), the less
+  // often the slower it was. The first call goes the first allowed way.
+  Way choose(unsigned allowed);
+  // What a call that went way `w` took per byte, in ticks(). Not counted: the first call, which
+  // pays for first touches (page faults, cold caches) whichever way it goes, and a call that went
+  // another way than the call before, which finds the slots as that way left them (W=2, 1 MiB
+  // all_gather: the first call with normal stores after streaming ones took 98-115 us, the next ones 128-144).
+  void took(Way w, double per_byte);
 
  private:
-  // Two calls the other way (the first of them not counted): at the 8th and the 16th call, so
-  // that one unlucky time does not hold for long while few calls have been made, and then at
-  // every kTryEvery-th.
-  bool tries_other() const {
-    if (calls_ < kTryEvery) return calls_ == 8 || calls_ == 9 || calls_ == 16 || calls_ == 17;
-    return calls_ % kTryEvery <= 1;
-  }
   struct Kept {
     double times[kKept] = {};  // ticks per byte of the last calls; 0: none yet
     size_t next = 0;
   };
   // The fastest of the kept times: a call is only ever slowed (a preemption, an interrupt), so the
-  // fastest of a few says what the stores cost; 0 when none was timed yet.
-  double cost(bool streamed) const {
-    double best = 0;
-    for (double t : kept_[streamed ? 1 : 0].times)
-      if (t > 0 && (best == 0 || t < best)) best = t;
-    return best;
-  }
-  Kept kept_[2];
-  uint64_t calls_ = 0;
-  bool streams_ = false;  // the way in use
-  bool last_ = false;     // the way of the last call
+  // fastest of a few says what the way costs; 0 when none was timed yet.
+  double cost(Way w) const;
+  // Sets when way `w` is tried next (Note [Streaming into the slots]).
+  void schedule(Way w);
+  Kept kept_[kWays];
+  uint64_t next_try_[kWays] = {};  // the call that starts the next trial of each way; 0: none set
+  uint64_t decided_ = 1;           // the call last decided (the first goes the first allowed way)
+  Way use_ = Way::kNormal;         // the way in use
+  bool settled_ = false;           // use_ was taken from every allowed way's time
+  bool trying_ = false;            // the call last decided began a trial of way tried_
+  Way tried_ = Way::kNormal;
+  Way last_ = Way::kNormal;  // the way of the last call timed
+  bool seen_ = false;        // a call was timed
 };
 
 // A cheap clock for comparing one way of storing with the other: the time-stamp counter where
@@ -141,12 +144,13 @@ constexpr size_t kSizeClasses = 6;
 constexpr size_t kChoices = 32 * kSizeClasses;  // OpKind < 32
 inline size_t choice_index(OpKind kind, size_t bytes) {
   size_t c = 0;
-  for (size_t from = SlotStoreChoice::kMinBytes * 4; from <= bytes && c + 1 < kSizeClasses; from *= 4) ++c;
+  for (size_t from = WayChoice::kMinBytes * 4; from <= bytes && c + 1 < kSizeClasses; from *= 4) ++c;
   return size_t(kind) * kSizeClasses + c;
 }
 
-// One staged call's stores into the slots (ShmGroup::slot_stores).
+// The way of one staged call (ShmGroup::slot_stores).
 struct SlotStores {
+  Way way = Way::kNormal;
   bool stream = false;   // this rank's stores into its slot stream
   bool large = false;    // the call is large enough to choose
   size_t choice = 0;     // choice_index() of the call

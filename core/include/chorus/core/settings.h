@@ -16,8 +16,8 @@
 //                              awaited rank last ran on the waiter's CPU
 //   CHORUS_SHM_SINGLE_COPY     1: a middle-sized all_gather on shared memory, with a core for
 //                              every rank, reads its peers' inputs directly (process_vm_readv)
-//                              where the kernel allows it; 0: never; unset: only on CPUs where
-//                              that was measured faster than the slots (Intel)
+//                              where the kernel allows it; 0: never; unset: where rank 0 timed
+//                              that faster than the slots, lately, on calls of that size
 //   CHORUS_RECV_CACHE_MB       memory the torch layer keeps for reuse by large received tensors
 //                              once they are freed (default 512; 0: off). Fresh pages cost a
 //                              page fault each, which dominates receiving large objects.

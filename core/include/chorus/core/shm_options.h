@@ -9,9 +9,9 @@ namespace chorus {
 
 struct ShmOptions {
   size_t chunk_bytes = 0;  // the size of a slot; 0: CHORUS_SHM_CHUNK_BYTES or its default
-  // Whether shared memory may read this rank's peers' buffers directly (process_vm_readv) for the
-  // message sizes where that is faster; nullopt: CHORUS_SHM_SINGLE_COPY, and if that is unset,
-  // only on CPUs where it was measured faster. A "no" on any rank holds for the whole group; rank
+  // Whether shared memory reads this rank's peers' buffers directly (process_vm_readv) in
+  // middle-sized all_gathers; nullopt: CHORUS_SHM_SINGLE_COPY, and if that is unset, where rank 0
+  // timed that faster than the slots, lately. A "no" on any rank holds for the whole group; rank
   // 0's "yes" or "no" decides whether the group tries at all.
   std::optional<bool> single_copy;
   // Whether shared memory writes messages of 16 KiB per rank and up into its slots with streaming

@@ -1,0 +1,72 @@
+#include "shm/slot_stores.h"
+
+#include <algorithm>
+
+namespace chorus::shm {
+
+Way WayChoice::choose(unsigned allowed) {
+  Way ways[kWays];
+  size_t n = 0;
+  for (int w = 0; w < kWays; ++w)
+    if (allowed & way_bit(Way(w))) ways[n++] = Way(w);
+  const uint64_t call = ++decided_;
+  if (n <= 1) return use_ = n == 1 ? ways[0] : Way::kNormal;
+  if (call <= 2 * n) return ways[(call - 1) / 2];  // each way twice
+  if (trying_ && (allowed & way_bit(tried_))) {    // a trial is two calls: the first is not counted
+    trying_ = false;
+    schedule(tried_);
+    return tried_;
+  }
+  trying_ = false;
+  Way best = ways[0];  // the fastest way timed
+  bool untimed = false;
+  for (size_t i = 0; i < n; ++i) {
+    untimed = untimed || cost(ways[i]) == 0;
+    if (cost(ways[i]) > 0 && (cost(best) == 0 || cost(ways[i]) < cost(best))) best = ways[i];
+  }
+  // Every allowed way has had its two calls, but the second of the last may not be timed yet (a
+  // way is decided while the call before it runs): until it is, the fastest so far (ways[0] when
+  // rank 0 timed none: it had no part in the calls).
+  if (untimed) return use_ = best;
+  // The way in use has its times from the last few calls; the others' come from trials spread
+  // over many more, and the fastest of those is luckier: switch only on a clear difference. The
+  // first time every way has a time, the fastest is taken as it is.
+  if (!settled_ || !(allowed & way_bit(use_)) || cost(best) < kSwitchBelow * cost(use_)) {
+    if (settled_ && best != use_) next_try_[int(use_)] = 0;  // the way left behind: scheduled below
+    use_ = best;
+  }
+  settled_ = true;
+  for (size_t i = 0; i < n; ++i) {
+    const Way w = ways[i];
+    if (w == use_) continue;
+    if (next_try_[int(w)] == 0) schedule(w);
+    if (next_try_[int(w)] <= decided_ && !trying_) {
+      trying_ = true;
+      tried_ = w;
+    }
+  }
+  return trying_ ? tried_ : use_;
+}
+
+void WayChoice::took(Way w, double per_byte) {
+  const bool first = !seen_, changed = w != last_;
+  seen_ = true;
+  last_ = w;
+  if (first || changed) return;
+  Kept& k = kept_[int(w)];
+  k.times[k.next++ % kKept] = per_byte;
+}
+
+double WayChoice::cost(Way w) const {
+  double best = 0;
+  for (double t : kept_[int(w)].times)
+    if (t > 0 && (best == 0 || t < best)) best = t;
+  return best;
+}
+
+void WayChoice::schedule(Way w) {
+  const double slower = std::max(1.0, cost(w) / cost(use_));
+  next_try_[int(w)] = decided_ + uint64_t(std::min(double(kTryMost), double(kTryEvery) * slower));
+}
+
+}  // namespace chorus::shm
