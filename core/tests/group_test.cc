@@ -142,17 +142,22 @@ TEST(ShmGroups, RankZeroStreamsIntoTheSlotsWhereThatWasFaster) {
   const unsigned stores = shm::way_bit(Way::kNormal) | shm::way_bit(Way::kStream);
   shm::WayChoice choice;
   // Each way twice first, then the faster timed so far (streaming's second call is timed only
-  // once the call after it is decided), then the faster, but the other for two calls every 32
-  // calls times how much slower it was: here every 64.
+  // once the call after it is decided), then the faster, but the other for two calls every
+  // 2 (s - 1) / 2% calls, s how much slower it was: here every 100.
   auto went = run_choice(choice, stores, 210, [](Way w) { return w == Way::kStream ? 1.0 : 2.0; });
   EXPECT_EQ(std::vector<Way>(went.begin(), went.begin() + 6),
             (std::vector<Way>{Way::kNormal, Way::kNormal, Way::kStream, Way::kStream, Way::kNormal, Way::kStream}));
-  EXPECT_EQ(not_going(went, Way::kStream), (std::vector<int>{1, 2, 5, 70, 71, 135, 136, 200, 201}));
-  // A way ten times slower is tried every 320 calls: trials stay out of the slowest 5% of calls.
+  EXPECT_EQ(not_going(went, Way::kStream), (std::vector<int>{1, 2, 5, 106, 107, 207, 208}));
+  // A way ten times slower is tried every 900 calls: trials stay out of the slowest 5% of calls;
+  // one 10% slower every 10.
   shm::WayChoice far;
   EXPECT_EQ(
       not_going(run_choice(far, stores, 1000, [](Way w) { return w == Way::kStream ? 1.0 : 10.0; }), Way::kStream),
-      (std::vector<int>{1, 2, 5, 326, 327, 647, 648, 968, 969}));
+      (std::vector<int>{1, 2, 5, 906, 907}));
+  shm::WayChoice close;
+  EXPECT_EQ(not_going(run_choice(close, stores, 40, [](Way w) { return w == Way::kStream ? 1.0 : 1.1; }), Way::kStream),
+            (std::vector<int>{1, 2, 5, 16, 17, 27, 28, 38, 39}));
+  // Back to the first choice, after its 210 calls:
   choice.took(Way::kStream, 9.0);  // one slow call (a preemption) does not turn the choice
   EXPECT_EQ(choice.choose(stores), Way::kStream);
   choice.took(Way::kStream, 2.1);  // nor does a small difference:
@@ -171,15 +176,18 @@ TEST(ShmGroups, RankZeroReadsThePeersWhereThatWasFaster) {
   using shm::Way;
   const unsigned all = shm::way_bit(Way::kNormal) | shm::way_bit(Way::kStream) | shm::way_bit(Way::kSingleCopy);
   shm::WayChoice choice;
-  auto went = run_choice(choice, all, 100, [](Way w) {
+  auto went = run_choice(choice, all, 250, [](Way w) {
     return w == Way::kSingleCopy ? 1.0 : w == Way::kStream ? 2.0 : 3.0;
   });
   EXPECT_EQ(std::vector<Way>(went.begin(), went.begin() + 8),
             (std::vector<Way>{Way::kNormal, Way::kNormal, Way::kStream, Way::kStream, Way::kSingleCopy,
                               Way::kSingleCopy, Way::kStream, Way::kSingleCopy}));
-  // Streaming, twice as slow, is tried at the 72nd call; normal stores, three times, at the 104th.
-  EXPECT_EQ(not_going(went, Way::kSingleCopy), (std::vector<int>{1, 2, 3, 4, 7, 72, 73}));
-  EXPECT_EQ(went[71], Way::kStream);
+  // Streaming, twice as slow, is tried every 100 calls, normal stores, three times, every 200; one
+  // trial waits for the other.
+  EXPECT_EQ(not_going(went, Way::kSingleCopy), (std::vector<int>{1, 2, 3, 4, 7, 108, 109, 208, 209, 210, 211}));
+  EXPECT_EQ(went[107], Way::kStream);
+  EXPECT_EQ(went[207], Way::kNormal);
+  EXPECT_EQ(went[209], Way::kStream);
   // Single copies were stopped: the choice goes on between the other two, on their times.
   const unsigned stores = shm::way_bit(Way::kNormal) | shm::way_bit(Way::kStream);
   EXPECT_EQ(choice.choose(stores), Way::kStream);

@@ -66,7 +66,7 @@ double WayChoice::cost(Way w) const {
 
 void WayChoice::schedule(Way w) {
   const double slower = std::max(1.0, cost(w) / cost(use_));
-  next_try_[int(w)] = decided_ + uint64_t(std::min(double(kTryMost), double(kTryEvery) * slower));
+  next_try_[int(w)] = decided_ + std::clamp(uint64_t(2 * (slower - 1) / kTryShare), kTryLeast, kTryMost);
 }
 
 }  // namespace chorus::shm

@@ -34,12 +34,15 @@
 // all_gather, 0.15 us state: 98-115 us on the first call after a change, 128-144 on the next
 // ones; counted, such calls made the choice swing between the two ways). A change of state is
 // noticed within kKept calls if it slows the way in use; to notice one that speeds up another
-// way, each other way is tried for two calls now and then: kTryEvery calls after the last trial,
-// times how much slower it was (a way ten times slower is tried every 320 calls). Trials at a
-// fixed two calls in 32 (6%) were the slowest 5% of calls wherever the other way was much slower,
-// and made chorus's tail: W=2, 2 threads of matmul between calls (compare.py --load matmul), a
-// 1 MiB broadcast's p95 took 426-433 us against a median of 41-42 (Open MPI's p95: 198-200), and
-// 48-50 us with the way fixed by CHORUS_SHM_STREAM_SLOTS=1.
+// way, each other way is tried for two calls now and then, the more rarely the slower it was, so
+// that trials cost about kTryShare of the time (schedule(): a way 15% slower is tried every 15
+// calls, twice as slow every 100, ten times every 900). Trials at a fixed two calls in 32 (6%)
+// were the slowest 5% of calls wherever the other way was much slower, and made chorus's tail:
+// W=2, 2 threads of matmul between calls (compare.py --load matmul), a 1 MiB broadcast's p95 took
+// 426-433 us against a median of 41-42 (Open MPI's p95: 198-200), and 48-50 us with the way fixed
+// by CHORUS_SHM_STREAM_SLOTS=1. And a way close to the one in use is tried often, so that it is
+// taken once it is faster by more than kSwitchBelow (with trials every 32 calls, the single copy
+// below was taken at 64 KiB in one run of three where it was 15% faster).
 //
 // An all_gather has a third way (Note [Single-copy collectives]): each rank reads its peers'
 // inputs through the kernel, one copy instead of two, and no line a peer holds is written. It won
@@ -90,9 +93,11 @@ class WayChoice {
   static constexpr size_t kMinBytes = 16u << 10;
   static constexpr size_t kKept = 3;            // times kept of each way; the fastest counts
   static constexpr double kSwitchBelow = 0.85;  // another way must be this much faster to switch
-  // Calls between two trials of another way: kTryEvery times how much slower than the way in use
-  // it was, up to kTryMost.
-  static constexpr uint64_t kTryEvery = 32, kTryMost = 1024;
+  // Trials of the other ways take about this share of the time of such calls: a way s times
+  // slower than the way in use is tried for two calls every 2 (s - 1) / kTryShare calls, at
+  // least kTryLeast and at most kTryMost apart.
+  static constexpr double kTryShare = 0.02;
+  static constexpr uint64_t kTryLeast = 8, kTryMost = 1024;
 
   // The way of the call after the one being made, among the `allowed` ways (way_bit()s): each
   // allowed way for two calls first (normal, streaming, single copy), then the way in use until
