@@ -41,8 +41,9 @@
 // W=2, 2 threads of matmul between calls (compare.py --load matmul), a 1 MiB broadcast's p95 took
 // 426-433 us against a median of 41-42 (Open MPI's p95: 198-200), and 48-50 us with the way fixed
 // by CHORUS_SHM_STREAM_SLOTS=1. And a way close to the one in use is tried often, so that it is
-// taken once it is faster by more than kSwitchBelow (with trials every 32 calls, the single copy
-// below was taken at 64 KiB in one run of three where it was 15% faster).
+// taken once it is faster by more than kSwitchBelow. The single copy below, 15-18% faster at
+// 64 KiB, was taken in one run of three with trials every 32 calls and kSwitchBelow at 0.85, and
+// in two of three with trials as often as now.
 //
 // An all_gather has a third way (Note [Single-copy collectives]): each rank reads its peers'
 // inputs through the kernel, one copy instead of two, and no line a peer holds is written. It won
@@ -92,7 +93,7 @@ class WayChoice {
   // Messages at least this large per rank choose.
   static constexpr size_t kMinBytes = 16u << 10;
   static constexpr size_t kKept = 3;            // times kept of each way; the fastest counts
-  static constexpr double kSwitchBelow = 0.85;  // another way must be this much faster to switch
+  static constexpr double kSwitchBelow = 0.9;   // another way must be this much faster to switch
   // Trials of the other ways take about this share of the time of such calls: a way s times
   // slower than the way in use is tried for two calls every 2 (s - 1) / kTryShare calls, at
   // least kTryLeast and at most kTryMost apart.
