@@ -40,10 +40,11 @@
 // were the slowest 5% of calls wherever the other way was much slower, and made chorus's tail:
 // W=2, 2 threads of matmul between calls (compare.py --load matmul), a 1 MiB broadcast's p95 took
 // 426-433 us against a median of 41-42 (Open MPI's p95: 198-200), and 48-50 us with the way fixed
-// by CHORUS_SHM_STREAM_SLOTS=1. And a way close to the one in use is tried often, so that it is
-// taken once it is faster by more than kSwitchBelow. The single copy below, 15-18% faster at
-// 64 KiB, was taken in one run of three with trials every 32 calls and kSwitchBelow at 0.85, and
-// in two of three with trials as often as now.
+// by CHORUS_SHM_STREAM_SLOTS=1. And a way close to the one in use is tried often, so that its
+// kept times are as recent as the way in use's, and it is taken once it is faster by more than
+// kSwitchBelow: at W=2, 64 KiB, which of the single copy below and the slots is faster changes
+// with the state, and so did the way the runs took (their medians 7.8-8.7 us where the single copy
+// was taken, 10.1-11.5 where the slots were; Open MPI 10.5-11.5).
 //
 // An all_gather has a third way (Note [Single-copy collectives]): each rank reads its peers'
 // inputs through the kernel, one copy instead of two, and no line a peer holds is written. It won
@@ -92,8 +93,8 @@ class WayChoice {
  public:
   // Messages at least this large per rank choose.
   static constexpr size_t kMinBytes = 16u << 10;
-  static constexpr size_t kKept = 3;            // times kept of each way; the fastest counts
-  static constexpr double kSwitchBelow = 0.9;   // another way must be this much faster to switch
+  static constexpr size_t kKept = 3;           // times kept of each way; the fastest counts
+  static constexpr double kSwitchBelow = 0.9;  // another way must be this much faster to switch
   // Trials of the other ways take about this share of the time of such calls: a way s times
   // slower than the way in use is tried for two calls every 2 (s - 1) / kTryShare calls, at
   // least kTryLeast and at most kTryMost apart.
