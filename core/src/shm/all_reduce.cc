@@ -84,7 +84,7 @@ void all_reduce(ShmGroup& g, const Call& c) {
     if (tiny)
       copy_bytes(g.my_inline(), in, bytes);
     else
-      copy_out(g.write_slot(), in, bytes, stores.stream);
+      copy_out(g.write_slot(), in, bytes, stores.stream());
     if (!gets_result) return g.post_last();  // Note [Owed waits]
     g.sync();
     g.learn_slot_stores(stores);
@@ -114,7 +114,7 @@ void all_reduce(ShmGroup& g, const Call& c) {
       for (int q = 0; q < world; ++q) {
         if (q == me) continue;
         const size_t b = part_begin(k, q), e = part_begin(k, q + 1);
-        copy_out(slot + (b - k * per_round) * es, in + b * es, (e - b) * es, stores.stream);
+        copy_out(slot + (b - k * per_round) * es, in + b * es, (e - b) * es, stores.stream());
       }
     }
     if (k == rounds && !gets_result) return g.post_last();  // Note [Owed waits]
@@ -131,7 +131,7 @@ void all_reduce(ShmGroup& g, const Call& c) {
       for (int p = 0; p < world; ++p)
         srcs[size_t(p)] = p == me ? in + b * es : g.read_slot(p) + (b - k * per_round) * es;
       reduce::reduce(c.dtype, c.op, srcs.data(), world, g.write_slot() + folded_at, e - b,
-                     {gets_result ? out + b * es : nullptr, stream, stores.stream});
+                     {gets_result ? out + b * es : nullptr, stream, stores.stream()});
     }
   }
   g.slot_stores_done(stores, bytes);

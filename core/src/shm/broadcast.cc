@@ -36,14 +36,14 @@ void broadcast_through_ring(ShmGroup& g, const Call& c, uint8_t* buf, size_t byt
   const size_t first = g.write_slot_index(c.root);  // the only slot free before the first sync
   auto slot = [&](size_t k) { return g.slot_at((first + k) % ring); };
   SlotStores stores = g.slot_stores(c.kind, bytes);  // Note [Streaming into the slots]
-  if (root) copy_out(slot(0), buf, in_round(bytes, chunk, 0), stores.stream);
+  if (root) copy_out(slot(0), buf, in_round(bytes, chunk, 0), stores.stream());
   g.sync();  // phase base + 1: everyone is in the call; chunk 0 is in
   g.learn_slot_stores(stores);
   if (root) {
     for (size_t k = 1; k < rounds; ++k) {
       // The readers post base + 2 + j once they copied chunk j out.
       if (k >= ring) g.wait_all(base + 2 + uint32_t(k - ring));
-      copy_out(slot(k), buf + k * chunk, in_round(bytes, chunk, k), stores.stream);
+      copy_out(slot(k), buf + k * chunk, in_round(bytes, chunk, k), stores.stream());
       g.post();  // phase base + 1 + k: chunk k is in
     }
     g.post_last();  // phase base + 1 + rounds, owed: every reader is done with the slots
@@ -78,7 +78,7 @@ void broadcast(ShmGroup& g, const Call& c) {
   SlotStores stores = g.slot_stores(c.kind, bytes);  // Note [Streaming into the slots]
   for (size_t k = 0; k < rounds; ++k) {
     const size_t n = in_round(bytes, chunk, k);
-    if (root) copy_out(g.write_slot(), buf + k * chunk, n, stores.stream);
+    if (root) copy_out(g.write_slot(), buf + k * chunk, n, stores.stream());
     if (root && k + 1 == rounds) {
       g.post_last();  // Note [Owed waits]
       return g.slot_stores_done(stores, bytes);

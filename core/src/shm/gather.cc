@@ -109,12 +109,12 @@ void gather(ShmGroup& g, const Call& c) {
   for (size_t k = 0; k < rounds; ++k) {
     const size_t n = in_round(mine, chunk, k);
     uint8_t* slot = g.write_slot();
-    copy_out(slot, in + k * chunk * es, n * es, stores.stream);
+    copy_out(slot, in + k * chunk * es, n * es, stores.stream());
     if (!gets && k + 1 == rounds) return g.post_last();  // Note [Owed waits]
     g.post();
     // The own block goes out while the peers still fill their slots: from the slot while it is in
     // cache (the input is read once), or from the input if the slot was streamed to memory.
-    if (gets && !in_place) copy_out(own + k * chunk * es, stores.stream ? in + k * chunk * es : slot, n * es, stream);
+    if (gets && !in_place) copy_out(own + k * chunk * es, stores.stream() ? in + k * chunk * es : slot, n * es, stream);
     g.wait();
     if (k == 0) g.learn_slot_stores(stores);
     if (!gets) continue;

@@ -106,7 +106,6 @@ SlotStores ShmGroup::slot_stores(OpKind kind, size_t bytes, bool may_read_peers)
   else if (s.way == Way::kSingleCopy && !reads)
     s.way = Way::kNormal;  // single copies were stopped, on every rank at the same call
   if (rank_ == 0 && !(allowed & way_bit(s.way))) s.way = Way(__builtin_ctz(allowed));  // rank 0's setting of the stores
-  s.stream = s.way == Way::kStream;
   if (rank_ != 0) return s;
   const Way next = way_choice_[s.choice].choose(allowed);
   planned_[s.choice] = next;

@@ -158,9 +158,9 @@ inline size_t choice_index(OpKind kind, size_t bytes) {
 // The way of one staged call (ShmGroup::slot_stores).
 struct SlotStores {
   Way way = Way::kNormal;
-  bool stream = false;   // this rank's stores into its slot stream
-  bool large = false;    // the call is large enough to choose
-  size_t choice = 0;     // choice_index() of the call
+  bool stream() const { return way == Way::kStream; }  // this rank's stores into its slot stream
+  bool large = false;                                  // the call is large enough to choose
+  size_t choice = 0;                                   // choice_index() of the call
   uint64_t started = 0;  // rank 0's ticks() when it timed the call, from its first store; 0: untimed
 };
 
