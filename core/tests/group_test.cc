@@ -84,6 +84,30 @@ TEST(ShmGroups, RanksWithDifferentSlotSettingsUseRankZeros) {
   }));
 }
 
+// Note [Deep slots when ranks share cores]: with more ranks than cores a group's slots hold a few of
+// rank 0's chunks, as long as all the slots stay within kDeepSlotsBytes; with a core for every
+// rank, one.
+TEST(ShmGroups, GroupsWithMoreRanksThanCoresGetDeepSlots) {
+  auto slots = [](int world, size_t zeros_chunk, uint32_t depth) {
+    expect_all_ok(run_ranks(world, [&](RankContext& ctx) {
+      BackendOptions options;
+      options.group_name = "deep-slots";
+      options.deadline = Clock::now() + 30s;
+      options.shm.chunk_bytes = ctx.rank == 0 ? zeros_chunk : 1 << 20;
+      shm::ShmGroup g(*ctx.store, ctx.rank, ctx.world, options);
+      RANK_CHECK(g.chunk_bytes() == zeros_chunk && g.slot_bytes() == depth * zeros_chunk, "W=", world, " on ",
+                 shm::usable_cores(), " cores, rank 0's chunk ", zeros_chunk, ": chunk ", g.chunk_bytes(), ", slot ",
+                 g.slot_bytes(), ", expected ", depth, " chunks");
+    }));
+  };
+  const int cores = shm::usable_cores();
+  slots(cores, 4096, 1);
+  slots(cores + 1, 4096, shm::kMaxSlotDepth);
+  const size_t most = shm::kDeepSlotsBytes / (2 * size_t(cores + 1));  // every slot of the group within it
+  slots(cores + 1, most / 2 / 64 * 64, 2);                             // room for two chunks a slot
+  slots(cores + 1, most * 2 / 64 * 64, 1);
+}
+
 // Note [Streaming into the slots]: rank 0's setting decides how the group stores large messages
 // into the slots, and the others follow it from the first phase on; with nothing said, rank 0
 // measures. Every combination gives the same results.

@@ -29,6 +29,11 @@ namespace {
 // One-shot makes every rank fold all W inputs: W times the work of two-shot's share. Worth it
 // while the total stays small, which with more ranks means smaller messages.
 constexpr size_t kOneShotTotalBytes = 256 * 1024;
+// A round of the staged path fills every rank's slot at most this much in all (W x the round), so
+// that the group's slots of two rounds stay in cache: with more ranks than cores a slot is deep
+// (Note [Deep slots when ranks share cores]), and W=8 on 2 cores, 64 MiB, took 57-60 ms in
+// rounds of 2 MiB a rank, 46-54 in rounds of 1 MiB, 46-48 in rounds of 512 KiB.
+constexpr size_t kGroupRoundBytes = 8 << 20;
 // The direct path folds this much at a time into a buffer that stays in cache, then copies the
 // piece to every rank's output.
 constexpr size_t kDirectPieceBytes = 64 * 1024;
@@ -98,7 +103,8 @@ void all_reduce(ShmGroup& g, const Call& c) {
 
   // Slot layout: [inputs of the round: W parts][my folded part of the previous round].
   // Parts start on cache lines (as far as the slot allows), so no store splits a line.
-  const size_t line = 64 / es, fit = g.slot_bytes() / ((size_t(world) + 1) * es);
+  const size_t round_bytes = std::min(g.slot_bytes(), std::max(g.chunk_bytes(), kGroupRoundBytes / size_t(world)));
+  const size_t line = 64 / es, fit = round_bytes / ((size_t(world) + 1) * es);
   const size_t part = fit >= line ? fit / line * line : fit;
   const size_t per_round = part * size_t(world);
   const size_t folded_at = per_round * es;

@@ -21,7 +21,7 @@ void all_to_all(ShmGroup& g, const Call& c) {
   }
   const auto* in = static_cast<const uint8_t*>(c.in);
   auto* out = static_cast<uint8_t*>(c.out);
-  const size_t part = g.slot_bytes() / (size_t(world) * es);
+  const size_t part = g.chunk_bytes() / (size_t(world) * es);
 
   size_t most = c.count;
   if (uneven) {

@@ -104,7 +104,7 @@ void gather(ShmGroup& g, const Call& c) {
 
   uint8_t* own = gets ? block(me) : nullptr;
   const bool in_place = own == in;
-  const size_t chunk = g.slot_bytes() / es;
+  const size_t chunk = g.chunk_bytes() / es;
   const size_t rounds = std::max<size_t>(1, rounds_for(most, std::max<size_t>(chunk, 1)));
   for (size_t k = 0; k < rounds; ++k) {
     const size_t n = in_round(mine, chunk, k);

@@ -31,7 +31,7 @@ void reduce_scatter(ShmGroup& g, const Call& c) {
   const auto* in = static_cast<const uint8_t*>(c.in);
   auto* out = static_cast<uint8_t*>(c.out);
   if (g.symmetric_made() != 0 && c.count * es * size_t(world) >= kDirectMinBytes && reduce_scatter_direct(g, c)) return;
-  const size_t part = g.slot_bytes() / (size_t(world) * es);
+  const size_t part = g.chunk_bytes() / (size_t(world) * es);
   const size_t rounds = std::max<size_t>(1, rounds_for(c.count, part));
   auto& srcs = source_list(world);
   for (size_t k = 0; k < rounds; ++k) {

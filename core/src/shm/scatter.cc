@@ -12,7 +12,7 @@ void scatter(ShmGroup& g, const Call& c) {
   const auto* in = static_cast<const uint8_t*>(c.in);
   auto* out = static_cast<uint8_t*>(c.out);
   if (root && in + size_t(me) * c.count * es != out) move_bytes(out, in + size_t(me) * c.count * es, c.count * es);
-  const size_t part = g.slot_bytes() / (size_t(world) * es);
+  const size_t part = g.chunk_bytes() / (size_t(world) * es);
   const size_t rounds = std::max<size_t>(1, rounds_for(c.count, part));
   const bool stream = c.count * es >= kStreamMinBytes;  // Note [Streaming stores]
   for (size_t k = 0; k < rounds; ++k) {

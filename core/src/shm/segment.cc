@@ -49,12 +49,19 @@ std::string unique_shm_name() {
   return buf;
 }
 
-Layout::Layout(int w, size_t slot) : world(w) {
-  slot_bytes = round_up(std::max<size_t>(slot, kLine * size_t(w)), kLine);
+uint32_t slot_depth(int world, int cores, size_t chunk_bytes) {
+  if (world <= cores) return 1;
+  const size_t fit = kDeepSlotsBytes / (2 * size_t(world) * std::max<size_t>(chunk_bytes, 1));
+  return uint32_t(std::clamp<size_t>(fit, 1, kMaxSlotDepth));
+}
+
+Layout::Layout(int w, size_t chunk, uint32_t d) : world(w), depth(std::max<uint32_t>(d, 1)) {
+  chunk_bytes = round_up(std::max<size_t>(chunk, kLine * size_t(w)), kLine);
+  slot_bytes = chunk_bytes * depth;
   // Rings are per ordered pair, so keep their total bounded for large groups.
   size_t pairs = size_t(w) * size_t(w);
   p2p_chunk =
-      round_up(std::clamp<size_t>(std::min<size_t>(slot_bytes, (32u << 20) / (2 * pairs)), 4096, 1u << 20), kLine);
+      round_up(std::clamp<size_t>(std::min<size_t>(chunk_bytes, (32u << 20) / (2 * pairs)), 4096, 1u << 20), kLine);
   ctrl_stride = round_up(sizeof(RankControl) + 2 * 2 * size_t(w) * sizeof(uint64_t), kLine);
   ctrl_offset = round_up(sizeof(Header), kLine);
   slots_offset = round_up(ctrl_offset + ctrl_stride * size_t(w), 4096);
@@ -63,14 +70,24 @@ Layout::Layout(int w, size_t slot) : world(w) {
   total = round_up(channels_offset + pairs * channel_stride, 4096);
 }
 
-Segment::Segment(Store& store, int rank, int world, size_t slot_bytes, uint32_t single_copy, Clock::time_point deadline,
-                 const std::string& group_name)
-    : layout_(world, slot_bytes) {
+Segment::Segment(Store& store, int rank, int world, size_t chunk_bytes, uint32_t single_copy,
+                 Clock::time_point deadline, const std::string& group_name)
+    : layout_(world, chunk_bytes, 1) {
   std::string name;
   int fd = -1;
   if (rank == 0) {
-    name = unique_shm_name();
-    fd = create_shm_object("shared memory", name, layout_.total, " a smaller CHORUS_SHM_CHUNK_BYTES needs less");
+    // Note [Deep slots when ranks share cores]; one chunk deep where /dev/shm has no room for more.
+    layout_ = Layout(world, chunk_bytes, slot_depth(world, job_cores(), chunk_bytes));
+    for (;;) {
+      name = unique_shm_name();
+      try {
+        fd = create_shm_object("shared memory", name, layout_.total, " a smaller CHORUS_SHM_CHUNK_BYTES needs less");
+        break;
+      } catch (const Error&) {
+        if (layout_.depth == 1) throw;
+        layout_ = Layout(world, chunk_bytes, 1);
+      }
+    }
   } else {
     name = store.get("shm_name");
     fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
@@ -103,14 +120,16 @@ void Segment::join(Store& store, int rank, int world, uint32_t single_copy, Cloc
     Header& h = header();
     h.world = uint32_t(world);
     h.slot_bytes = layout_.slot_bytes;
+    h.slot_depth = layout_.depth;
     h.p2p_chunk = layout_.p2p_chunk;
     h.cores = uint32_t(job_cores());
     h.single_copy = single_copy;
     h.magic = kMagic;
     store.set("shm_name", name);
   } else {
-    // The group runs on rank 0's slot size, whatever this rank's settings say.
-    if (header().magic == kMagic && header().world == uint32_t(world)) layout_ = Layout(world, header().slot_bytes);
+    // The group runs on rank 0's slots, whatever this rank's settings say.
+    if (header().magic == kMagic && header().world == uint32_t(world) && header().slot_depth >= 1)
+      layout_ = Layout(world, header().slot_bytes / header().slot_depth, header().slot_depth);
     if (header().magic != kMagic || header().world != uint32_t(world) || layout_.total != mapped_) {
       const std::string why =
           detail::concat("group '", group_name, "': rank 0 made the group for ", header().world, " ranks but rank ",

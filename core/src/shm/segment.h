@@ -3,7 +3,8 @@
 //   Header
 //   RankControl[W]   per rank: its phase counter (the futex word), state, pid, the descriptors
 //                    and inline payloads of its last two calls, error texts, per-call counts
-//   slots[W][2]      per rank two data slots of slot_bytes, alternating by phase parity
+//   slots[W][2]      per rank two data slots of slot_bytes, alternating by phase parity (Note
+//                    [Deep slots when ranks share cores])
 //   channels[W][W]   per ordered pair a two-chunk ring for send/recv
 //
 // Note [Segment lifetime]: rank 0 creates the segment under a random name and publishes the
@@ -90,7 +91,7 @@ struct alignas(kLine) RankControl {
 struct alignas(kLine) Header {
   uint64_t magic;
   uint32_t world;
-  uint32_t reserved;
+  uint32_t slot_depth;  // slot_bytes / chunk_bytes (Note [Deep slots when ranks share cores])
   uint64_t slot_bytes;
   uint64_t p2p_chunk;
   std::atomic<uint32_t> attached;
@@ -113,22 +114,43 @@ struct alignas(kLine) ChunkHeader {
   uint8_t first;
 };
 
+// Note [Deep slots when ranks share cores]: a round of a staged call is a handoff: the ranks wait
+// for each other before they go on. With a core for every rank a handoff costs a line transfer,
+// and rounds of chunk_bytes (CHORUS_SHM_CHUNK_BYTES) keep a call's pipeline in the cache. With
+// more ranks than cores each handoff needs every rank to have had its turn on a core, and a rank
+// that loses its core to another process stalls the others at the next one: W=4 on 2 cores beside
+// a CPU-bound process, a 16 MiB broadcast took 3.8-9.1 ms through slots of 512 KiB and 1.7-1.8
+// through slots of 2 MiB, with half the context switches (35,000-49,000 against 21,000-23,000 for
+// the same work), and the p95 of a 16 MiB all_reduce fell from 64-83 ms to 24-26. So a group with
+// more ranks than cores (rank 0's job_cores()) gets slots of up to kMaxSlotDepth chunks, as long
+// as they total at most kDeepSlotsBytes, and the calls whose rounds are such handoffs of the whole
+// group (broadcast, all_reduce and reduce) go in rounds of a whole slot (the all_reduce's within
+// kGroupRoundBytes for the whole group, so that its slots stay in cache). The all_gather keeps
+// rounds of one chunk: unloaded, its 1 MiB took 683-697 us in two rounds and 729-737 in one (the
+// writes of a round no longer overlap the reads of the one before). Where /dev/shm cannot hold the
+// deep slots, rank 0 makes them one chunk deep.
+constexpr uint32_t kMaxSlotDepth = 4;
+constexpr size_t kDeepSlotsBytes = size_t(32) << 20;
+uint32_t slot_depth(int world, int cores, size_t chunk_bytes);
+
 struct Layout {
   int world = 0;
-  size_t slot_bytes = 0;
+  size_t chunk_bytes = 0;  // the unit of the pipeline (CHORUS_SHM_CHUNK_BYTES, rounded)
+  uint32_t depth = 1;      // chunks per slot (Note [Deep slots when ranks share cores])
+  size_t slot_bytes = 0;   // chunk_bytes * depth
   size_t p2p_chunk = 0;
   size_t ctrl_stride = 0;
   size_t ctrl_offset = 0, slots_offset = 0, channels_offset = 0, channel_stride = 0, total = 0;
   Layout() = default;
-  Layout(int world, size_t slot_bytes);
+  Layout(int world, size_t chunk_bytes, uint32_t depth);
 };
 
 class Segment {
  public:
   // Collective over the group: creates or maps the segment (Note [Segment lifetime]) and waits
   // until every rank has mapped it. Throws TimeoutError naming the ranks that never came. Rank 0's
-  // slot_bytes and single_copy hold for the group.
-  Segment(Store& store, int rank, int world, size_t slot_bytes, uint32_t single_copy, Clock::time_point deadline,
+  // chunk_bytes, slot depth and single_copy hold for the group.
+  Segment(Store& store, int rank, int world, size_t chunk_bytes, uint32_t single_copy, Clock::time_point deadline,
           const std::string& group_name);
   ~Segment();
   Segment(const Segment&) = delete;

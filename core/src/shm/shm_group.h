@@ -58,7 +58,10 @@ class ShmGroup {
 
   int rank() const { return rank_; }
   int world() const { return world_; }
+  // A slot holds slot_bytes(): chunk_bytes() or, with more ranks than cores, a few chunks (Note
+  // [Deep slots when ranks share cores]). Calls go in rounds of one or the other.
   size_t slot_bytes() const { return seg_.layout().slot_bytes; }
+  size_t chunk_bytes() const { return seg_.layout().chunk_bytes; }
   const std::string& name() const { return name_; }
   Segment& segment() { return seg_; }
 

@@ -9,7 +9,8 @@
 //   CHORUS_CROSS_COST          the cost model's network terms ("alpha_us=30,gbps=10,fold_gbps=40,
 //                              o_us=2"); unset: measured when each group is made
 //   CHORUS_SHM_CHUNK_BYTES     size of each rank's shared-memory slot (default 524288; rank 0's
-//                              value holds for the whole group); small
+//                              value holds for the whole group; with more ranks than
+//                              cores a slot holds up to 4 of them); small
 //                              values force the multi-chunk paths
 //   CHORUS_SHM_SPIN_US         microseconds a shared-memory wait spins before it yields
 //                              (default 50; 0 when ranks outnumber cores); never while the

@@ -8,7 +8,9 @@
 namespace chorus {
 
 struct ShmOptions {
-  size_t chunk_bytes = 0;  // the size of a slot; 0: CHORUS_SHM_CHUNK_BYTES or its default
+  // The size of a slot (up to 4 times it with more ranks than cores); 0: CHORUS_SHM_CHUNK_BYTES or
+  // its default.
+  size_t chunk_bytes = 0;
   // Whether shared memory reads this rank's peers' buffers directly (process_vm_readv) in
   // middle-sized all_gathers; nullopt: CHORUS_SHM_SINGLE_COPY, and if that is unset, where rank 0
   // timed that faster than the slots, lately. A "no" on any rank holds for the whole group; rank
