@@ -125,10 +125,13 @@ struct alignas(kLine) ChunkHeader {
 // more ranks than cores (rank 0's job_cores()) gets slots of up to kMaxSlotDepth chunks, as long
 // as they total at most kDeepSlotsBytes, and the calls whose rounds are such handoffs of the whole
 // group (broadcast, all_reduce and reduce) go in rounds of a whole slot (the all_reduce's within
-// kGroupRoundBytes for the whole group, so that its slots stay in cache). The all_gather keeps
-// rounds of one chunk: unloaded, its 1 MiB took 683-697 us in two rounds and 729-737 in one (the
-// writes of a round no longer overlap the reads of the one before). Where /dev/shm cannot hold the
-// deep slots, rank 0 makes them one chunk deep.
+// kGroupRoundBytes for the whole group, so that its slots stay in cache). Unloaded that is a trade:
+// W=4's 16 MiB all_reduce took 5.6-6.4 ms in rounds of 2 MiB and 5.5-7.0 in rounds of 512 KiB in
+// chorus-bench alone, but 7.4-8.0 against 5.5-6.7 in three pairs of compare.py's runs (Open MPI
+// 16-23). The all_gather keeps rounds of one chunk: unloaded, its 1 MiB took 402-477 us in two
+// rounds and 527-610 in one in one session, 683-697 against 729-737 in another (the writes of a
+// round no longer overlap the reads of the one before). Where /dev/shm cannot hold the deep slots,
+// rank 0 makes them one chunk deep.
 constexpr uint32_t kMaxSlotDepth = 4;
 constexpr size_t kDeepSlotsBytes = size_t(32) << 20;
 uint32_t slot_depth(int world, int cores, size_t chunk_bytes);
