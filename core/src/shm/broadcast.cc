@@ -1,9 +1,11 @@
-// Broadcast: the root streams the message through the slots one slot's worth (a chunk, Note [Deep
-// slots when ranks share cores]) at a time, and the others copy each out. A message of one or two
-// chunks goes in the group's phases: the root writes a chunk into its slot while the others copy
-// the previous one out of its other slot, and leaves once its last chunk is in (Note [Owed waits]). A longer one goes through every slot of the group
-// (Note [Broadcast through every slot]). A message of 16 KiB and more may be streamed into the
-// slots (Note [Streaming into the slots]). Tiny messages ride in the root's call line.
+// Broadcast: the root streams the message through the slots a slot's worth at a time (a chunk
+// here; with more ranks than cores a slot holds a few: Note [Deep slots when ranks share cores]),
+// and the others copy each chunk out. A message of one or two chunks goes in the group's phases:
+// the root writes a chunk into its slot while the others copy the previous one out of its other
+// slot, and leaves once its last chunk is in (Note [Owed waits]). A longer one goes through every
+// slot of the group (Note [Broadcast through every slot]). A message of 16 KiB and more may be
+// streamed into the slots (Note [Streaming into the slots]). Tiny messages ride in the root's call
+// line.
 //
 // Note [Broadcast through every slot]: in phases, every chunk is a sync of the whole group: each
 // rank waits for every other one, 128 times for 64 MiB. With a core for every rank that costs
@@ -16,11 +18,10 @@
 // chunk k into slot k of the ring of all 2W slots and posts, waiting only before it overwrites a
 // slot, for the readers to have copied the chunk there; each reader waits only for the root's post
 // of the chunk it copies next, and posts when it has copied it. Root and readers each work through
-// up to 2W slots per turn on a core (2 MiB at W=2; with more ranks than cores the slots are deep,
-// Note [Deep slots when ranks share cores]: 16 MiB at W=4, 32 MiB at W=8). A last sync, after the last
-// chunk, keeps every reader out of the next call until all are done with the slots; the root owes
-// it (Note [Owed waits]). Every rank posts rounds + 1 phases, so the counters agree again after
-// the call.
+// up to 2W chunks per turn on a core (2 MiB at W=2; 16 MiB at W=4 and 32 MiB at W=8 on 2 cores,
+// where the slots are deep). A last sync, after the last chunk, keeps every reader out of the
+// next call until all are done with the slots; the root owes it (Note [Owed waits]). Every rank
+// posts rounds + 1 phases, so the counters agree again after the call.
 
 #include "shm/algorithms.h"
 #include "shm/copy.h"
