@@ -26,6 +26,21 @@
 // all_gather 781-797 against 462-693 us, 1 MiB all_reduce 198-402 against 153-224).
 // bench/compare.py passes --check-last, so that both do the same work between calls and every
 // size's result is still checked.
+//
+// Note [The same fill on both sides]: the fill before each call is work between calls too, and
+// beside a CPU-bound process its length decides how many time slices a measurement spans. W=2 on
+// 2 cores, each rank bound to a core, the CPU-bound process sharing rank 1's: rank 1 is preempted
+// for a time slice (3.5-4 ms) about every 8 ms, mostly while it waits in the barrier for rank 0
+// to finish its fill, and rank 0 meets the stall at its next wait, inside the timed call. Rank
+// 0's times of a 1 MiB broadcast (200 calls, two runs) held 24 and 33 such calls, one every 5 to
+// 9, and the wait could not move them: spinning without end left 6 and 21, sleeping after a 10
+// or 50 us spin made the median a slice too (3.0-3.4 ms), and 100 us slices asked of the
+// scheduler (sched_setattr) kept the p95 at one (3.0-3.9 ms). Open MPI's p95 was a slice in 4 of
+// 4 runs beside chorus's. So a p95 over 50 calls is a slice whenever the calls and their fills
+// span three slices or more, and a longer fill makes that likelier: chorus-bench's, one element
+// at a time through a switch on the dtype, took about 380 us per MiB of floats, mpi_tail.c's loop
+// about 260. Both now write the first 4 values (the pattern repeats every 4) and copy them in
+// doubling runs, the same code on both sides: 35 us per MiB.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>

@@ -44,13 +44,17 @@ static void report(const char* op, long bytes, double* times, int n) {
 enum { kAllReduce, kAllGather, kBroadcast };
 static const char* const kNames[] = {"all_reduce", "all_gather", "broadcast"};
 
-/* chorus-bench's fill: new values in the input every call; a broadcast's receivers wipe theirs. */
+/* chorus-bench's fill (bench/bench_ops.cc, fill_with): new values in the input every call, in a
+   pattern of 4 written one by one and then copied in doubling runs; a broadcast's receivers wipe
+   theirs. */
 static void write_input(int op, int rank, int call, float* x, long count) {
   if (op == kBroadcast && rank != 0) {
     memset(x, 0xff, (size_t)count * 4);
     return;
   }
-  for (long k = 0; k < count; k++) x[k] = (float)(rank + call + k % 7);
+  for (long k = 0; k < count && k < 4; k++) x[k] = (float)((k + rank + call) % 4);
+  for (long done = 4; done < count; done *= 2)
+    memcpy(x + done, x, (size_t)(done < count - done ? done : count - done) * 4);
 }
 
 int main(int argc, char** argv) {
@@ -94,7 +98,7 @@ int main(int argc, char** argv) {
     const int iters = bytes <= 65536 ? 200 : bytes <= (1 << 20) ? 50 : 10;
     for (int op = kAllReduce; op <= kBroadcast; op++) {
       for (int i = -3; i < iters; i++) {  // 3 untimed
-        if (fresh) write_input(op, rank, i, x, count);
+        if (fresh) write_input(op, rank, i + 3, x, count);
 #ifdef CHORUS_STEP_LOAD
         if (step_matmul) chorus_step_load_run();
 #endif
