@@ -89,14 +89,18 @@ int summed(DataType dt, size_t i, int iter, int world) {
 std::string wrong(size_t i, const char* what) { return detail::concat("element ", i, " of ", what, " is wrong"); }
 
 // Element i (from offset) gets v(who, i, iter). The values repeat every 4 elements, so the first
-// 4 are written one by one and the rest copied from them in doubling runs: a fill at memcpy's
-// speed, as mpi_tail.c's is (Note [The same fill on both sides], chorus_bench.cc).
+// 4 are written one by one and the rest copied from them in doubling runs up to 64 KiB, then 64
+// KiB at a time (copies that large go through the cache, as a kernel's stores would; memcpy
+// streams larger ones past it): a fill at memcpy's speed, as mpi_tail.c's is (Note [The same fill
+// on both sides], chorus_bench.cc).
 void fill_with(DataType dt, Bytes& buf, size_t count, int who, int iter, size_t offset = 0) {
+  constexpr size_t kRun = 64 * 1024;
   for (size_t i = 0; i < std::min<size_t>(count, 4); ++i) put(dt, buf.data(), offset + i, v(who, i, iter));
   uint8_t* base = buf.data() + offset * element_size(dt);
   const size_t bytes = count * element_size(dt);
-  for (size_t done = 4 * element_size(dt); done < bytes; done *= 2)
-    std::memcpy(base + done, base, std::min(done, bytes - done));
+  // A run of 64 KiB repeats the pattern too: 4 elements of up to 8 bytes divide it.
+  for (size_t done = 4 * element_size(dt); done < bytes; done += std::min(done, kRun))
+    std::memcpy(base + done, base, std::min({done, kRun, bytes - done}));
 }
 
 struct AllReduce : BenchOp {

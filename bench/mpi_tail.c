@@ -45,16 +45,19 @@ enum { kAllReduce, kAllGather, kBroadcast };
 static const char* const kNames[] = {"all_reduce", "all_gather", "broadcast"};
 
 /* chorus-bench's fill (bench/bench_ops.cc, fill_with): new values in the input every call, in a
-   pattern of 4 written one by one and then copied in doubling runs; a broadcast's receivers wipe
-   theirs. */
+   pattern of 4 written one by one and then copied in doubling runs up to 64 KiB, then 64 KiB at a
+   time; a broadcast's receivers wipe theirs. */
 static void write_input(int op, int rank, int call, float* x, long count) {
   if (op == kBroadcast && rank != 0) {
     memset(x, 0xff, (size_t)count * 4);
     return;
   }
   for (long k = 0; k < count && k < 4; k++) x[k] = (float)((k + rank + call) % 4);
-  for (long done = 4; done < count; done *= 2)
-    memcpy(x + done, x, (size_t)(done < count - done ? done : count - done) * 4);
+  for (long done = 4, run; done < count; done += run) {
+    run = done < 16384 ? done : 16384; /* 64 KiB of floats */
+    if (run > count - done) run = count - done;
+    memcpy(x + done, x, (size_t)run * 4);
+  }
 }
 
 int main(int argc, char** argv) {
