@@ -34,7 +34,7 @@
 // to finish its fill, and rank 0 meets the stall at its next wait, inside the timed call. Rank
 // 0's times of a 1 MiB broadcast (200 calls, two runs) held 24 and 33 such calls, one every 5 to
 // 9, and the wait could not move them: spinning without end left 6 and 21, sleeping after a 10
-// or 50 us spin made the median a slice too (3.0-3.4 ms), and 100 us slices asked of the
+// or 50 us spin made even the median a slice in 5 runs of 6, and 100 us slices asked of the
 // scheduler (sched_setattr) kept the p95 at one (3.0-3.9 ms). Open MPI's p95 was a slice in 4 of
 // 4 runs beside chorus's. So a p95 over 50 calls is a slice whenever the calls and their fills
 // span three slices or more, and a longer fill makes that likelier: chorus-bench's, one element
@@ -42,6 +42,9 @@
 // about 260. Both now write the first 4 values (the pattern repeats every 4) and copy them in
 // runs of up to 64 KiB, the same code on both sides: 25-30 us per MiB, through the cache (one
 // doubling memcpy of 32 MiB would stream past it, unlike the stores of a kernel writing a tensor).
+// Beside the CPU-bound process chorus's 1 MiB broadcast then kept its p95 clear of a slice in 4
+// runs of 4 (65-73 us, against 3.7-3.8 ms in 2 of 2 with the old fills); Open MPI's, 2-4 times
+// slower a call, was one in 2 of the 4 (docs/performance.md, "The same fill on both sides").
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
