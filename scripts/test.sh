@@ -11,13 +11,16 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 # nproc obeys OMP_NUM_THREADS, which the tests set to 1: count the cores without it.
 jobs=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 build=${1:-"$root/build"}
+elapsed() { echo "== $1 after $((SECONDS / 60)) min $((SECONDS % 60)) s"; }  # where CI's time goes
 
 "$root/scripts/install-deps.sh"  # Debian packages, and torch 2.13 in .venv (which CMake finds)
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release
 cmake --build "$build" -j "$jobs"
+elapsed "installed and built"
 # Tests start real processes; more ranks than cores is intended. One BLAS/OpenMP thread each.
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 (cd "$build" && ctest --output-on-failure -j "$jobs" --timeout 900)
+elapsed "the tests passed"
 
 echo "== torch 2.14 (a CUDA build, on the CPU): the Python package's tests and a C++ consumer"
 # The whole suite ran above on torch 2.13; here chorus builds against 2.14.1 from its own
@@ -29,6 +32,7 @@ build214="$build-torch2.14"
 cmake -S "$root" -B "$build214" -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$root/.venv-2.14/bin/python" \
   -DCHORUS_BUILD_BENCH=OFF -DCHORUS_BUILD_EXAMPLES=OFF
 cmake --build "$build214" -j "$jobs" --target chorus_torch_ext chorusrun chorus_torch
+elapsed "torch 2.14 installed and built"
 (cd "$build214" && ctest --output-on-failure -j "$jobs" --timeout 900 \
   -R '^(python_(smoke|backend|collectives|fsdp2)|torch_suite_w2|install_and_find_package)$')
 
@@ -40,8 +44,10 @@ cmake -S "$root" -B "$sanitized" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCHORUS_SANI
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -DNDEBUG" -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -DNDEBUG" \
   -DCHORUS_BUILD_BENCH=OFF -DCHORUS_BUILD_EXAMPLES=OFF
 cmake --build "$sanitized" -j "$jobs" --target core_tests chorus_torch_ext
+elapsed "the sanitized build built"
 export ASAN_OPTIONS="abort_on_error=0:detect_leaks=1" UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export LSAN_OPTIONS="suppressions=$root/tests/sanitizers/lsan.supp:print_suppressions=0"
 cd "$sanitized"
 # Seven ranks on two cores run the code that three and four run, at twice the time: left out here.
 ctest --output-on-failure -j "$jobs" --timeout 900 -L 'core|gloo' -E 'W7'
+elapsed "the sanitized tests passed"
