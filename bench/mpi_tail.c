@@ -12,7 +12,8 @@
    With --step-matmul N (built with -DCHORUS_STEP_LOAD and linked to build/bench's
    libchorus_step_load), each rank runs chorus-bench's step before every call: an N x N float
    matmul on --step-threads (2) intra-op threads of torch (bench/step_load.cc).
-   Build: mpicc -O2 mpi_tail.c -o mpi_tail; run: mpirun -np N mpi_tail [--fresh] [--step-matmul N]
+   --max-bytes N leaves out the sizes above N (bench/states.py times the small ones only).
+   Build: mpicc -O2 mpi_tail.c -o mpi_tail; run: mpirun -np N mpi_tail [--fresh] [--step-matmul N] [--max-bytes N]
    Prints: op bytes median_us p95_us mean_us */
 #include <mpi.h>
 #include <stdio.h>
@@ -66,9 +67,12 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   int fresh = 0, step_matmul = 0, step_threads = 2;
+  long max_bytes = 64 << 20;
   for (int a = 1; a < argc; a++) {
     if (strcmp(argv[a], "--fresh") == 0)
       fresh = 1;
+    else if (strcmp(argv[a], "--max-bytes") == 0 && a + 1 < argc)
+      max_bytes = atol(argv[++a]);
     else if (strcmp(argv[a], "--step-matmul") == 0 && a + 1 < argc)
       step_matmul = atoi(argv[++a]);
     else if (strcmp(argv[a], "--step-threads") == 0 && a + 1 < argc)
@@ -95,7 +99,7 @@ int main(int argc, char** argv) {
     if (i >= 0) times[i] = (MPI_Wtime() - t) * 1e6;
   }
   if (rank == 0) report("barrier", 0, times, 1000);
-  for (int s = 0; s < 6; s++) {
+  for (int s = 0; s < 6 && sizes[s] <= max_bytes; s++) {
     const long bytes = sizes[s], count = bytes / 4 > 0 ? bytes / 4 : 1;
     float *x = calloc(count, 4), *y = calloc(count, 4), *g = calloc(count * world, 4);
     const int iters = bytes <= 65536 ? 200 : bytes <= (1 << 20) ? 50 : 10;

@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""chorus against Open MPI within each state of the machine, for calls that a few trips of a cache
+line between the cores decide (barrier, all_reduce, all_gather and broadcast of 8 B to 64 KiB).
+
+A VM's vCPUs may share a cache one moment and not the next (Note [Streaming into the slots]): on
+the 2-core Zen 4 VM a cache line's round trip between them took 0.06, 0.15 or 0.55 us, changing
+within a second. Such a call's median over a run then says which state the run met more than which
+library is faster, and a median of three runs (compare.py) compares whichever states each side
+met. Here chorus-bench and Open MPI (bench/mpi_tail.c --fresh, the same workload: fresh input
+before every call, a barrier before and after it, rank 0's median) run one after the other for
+many short rounds. Each side's medians of an op are split in two groups where they fall in two:
+the split that leaves the least spread within the groups, taken when each group holds at least 5%
+of the rounds (and 3) and the slower group's median is at least 1.5 times the faster's. The faster
+group is the fast state, the slower the slow one; each side's fast state is compared with the
+other's, slow with slow, and a side whose times form one group (the state does not change its
+time) with both of the other's.
+
+  bench/states.py --build build [--np 2] [--rounds 100] [--max-bytes 65536] [--out bench-results/states]
+
+Writes every round's tables to --out (chorus_w<N>.txt, mpi_w<N>.txt) and prints the comparison and
+a verdict per op and size.
+"""
+import os
+import statistics
+import sys
+
+import runner
+from compare import OPS, SIZES, parse_table
+
+MIN_SHARE = 0.05  # each state holds at least this share of the rounds, and 3
+MIN_RATIO = 1.5  # the slow state's median is at least this many times the fast state's
+
+
+def two_states(values):
+    """values split into (fast, slow) where they fall in two groups (see the module's doc), else
+    (values, None)."""
+    v = sorted(values)
+    best, cut = None, 0
+    for i in range(1, len(v)):
+        lo, hi = v[:i], v[i:]
+        ml, mh = statistics.fmean(lo), statistics.fmean(hi)
+        spread = sum((x - ml) ** 2 for x in lo) + sum((x - mh) ** 2 for x in hi)
+        if best is None or spread < best:
+            best, cut = spread, i
+    lo, hi = v[:cut], v[cut:]
+    least = max(3, int(MIN_SHARE * len(v)))
+    if cut and len(lo) >= least and len(hi) >= least and statistics.median(hi) >= MIN_RATIO * statistics.median(lo):
+        return lo, hi
+    return v, None
+
+
+def main():
+    ap = runner.parser(__doc__, "2")
+    ap.add_argument("--rounds", type=int, default=100, help="rounds of chorus and Open MPI, one after the other")
+    ap.add_argument("--max-bytes", type=int, default=65536, help="the largest message timed")
+    ap.set_defaults(out=os.path.join("bench-results", "states"))
+    args = ap.parse_args()
+    if args.rounds < 10:
+        sys.exit("states.py: --rounds must be at least 10: the states are told apart by how the rounds fall")
+    os.makedirs(args.out, exist_ok=True)
+    tail_bin = os.path.join(args.out, "mpi_tail")
+    runner.run(["mpicc", "-O2", os.path.join(runner.HERE, "mpi_tail.c"), "-o", tail_bin])
+    sizes = [s for s in SIZES if s <= args.max_bytes]
+    env1 = runner.one_thread_env()
+    verdicts = runner.Verdicts()
+    for world in runner.worlds(args):
+        times = {"chorus": {}, "mpi": {}}  # (op, bytes) -> every round's median
+        logs = {side: os.path.join(args.out, f"{side}_w{world}.txt") for side in times}
+        for log in logs.values():
+            open(log, "w").close()
+        for r in range(args.rounds):
+            tables = {
+                "mpi": runner.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(world), tail_bin,
+                                   "--fresh", "--max-bytes", str(args.max_bytes)], env=env1, log=logs["mpi"], log_mode="a"),
+                "chorus": runner.run([os.path.join(args.build, "bench", "chorus-bench"), "--np", str(world), "--ops",
+                                      ",".join(OPS), "--sizes", ",".join(map(str, sizes)), "--csv", "--check-last"],
+                                     env=env1, log=logs["chorus"], log_mode="a"),
+            }
+            for side, text in tables.items():
+                for key, (median, _) in parse_table(text).items():
+                    times[side].setdefault(key, []).append(median)
+            if (r + 1) % 10 == 0:
+                print(f"W={world}: {r + 1} of {args.rounds} rounds", file=sys.stderr, flush=True)
+
+        print(f"\n## W={world}, {args.rounds} rounds: median us (rounds) in each state; one group: the same in both")
+        print(f"{'op':11s} {'bytes':>6s} {'fast: chorus':>14s} {'Open MPI':>14s} {'slow: chorus':>14s} {'Open MPI':>14s}")
+        for op in OPS:
+            for size in [0] if op == "barrier" else sizes:
+                key = (op, size)
+                if key not in times["chorus"] or key not in times["mpi"]:
+                    continue
+                groups = {side: two_states(times[side][key]) for side in times}
+                cells, ok = [], True
+                for state in (0, 1):
+                    pair = {}
+                    for side in ("chorus", "mpi"):
+                        fast, slow = groups[side]
+                        g = fast if state == 0 or slow is None else slow
+                        pair[side] = statistics.median(g)
+                        one = slow is None
+                        cells.append(f"{pair[side]:.2f} ({'all' if one else len(g)})")
+                    ok = ok and pair["chorus"] <= pair["mpi"]
+                print(f"{op:11s} {size:>6d} " + " ".join(f"{c:>14s}" for c in cells))
+                verdicts.check(f"W={world} {op} {size} B at least as fast as Open MPI in each state", ok)
+    verdicts.print("## in each state")
+
+
+if __name__ == "__main__":
+    main()
