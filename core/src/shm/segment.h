@@ -70,6 +70,8 @@ static_assert(sizeof(CallLine) == kLine);
 enum RankState : uint32_t { kAbsent = 0, kActive = 1, kLeft = 2, kAborted = 3 };
 
 struct alignas(kLine) RankControl {
+  std::atomic<uint32_t> seq;      // last phase this rank posted; peers futex-wait on it
+  std::atomic<uint32_t> waiters;  // peers sleeping on seq; the poster wakes them when non-zero
   std::atomic<int32_t> pid;
   std::atomic<int32_t> cpu;     // the CPU this rank last posted from (Note [Waiting with more ranks than cores])
   std::atomic<uint32_t> state;  // RankState
@@ -80,11 +82,8 @@ struct alignas(kLine) RankControl {
   // peer reads through this rank's pid to prove it may read this rank's memory.
   std::atomic<uint64_t> mapped_at;
   std::atomic<uint64_t> probe_word;
-  // Written at every post, so in a line of their own (Note [Publish the phase first]).
-  alignas(kLine) std::atomic<uint32_t> seq;  // last phase this rank posted; peers futex-wait on it
-  std::atomic<uint32_t> waiters;             // peers sleeping on seq; the poster wakes them when non-zero
-  CallLine calls[2];                         // by call parity
-  char invalid_text[2][kTextBytes];          // by call parity: why this rank rejected its arguments
+  CallLine calls[2];                 // by call parity
+  char invalid_text[2][kTextBytes];  // by call parity: why this rank rejected its arguments
   char abort_text[kAbortTextBytes];
   // Followed by uint64_t counts[2][2 * W] (by call parity); see Layout::counts.
 };

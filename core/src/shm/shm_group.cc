@@ -136,12 +136,7 @@ void ShmGroup::post() {
   // x86 makes stores visible in program order. A cpu store ahead of the phase store delayed every
   // release of a waiting peer by that extra line transfer (W=2 here: barrier 0.42 -> 0.33 us,
   // 8-byte all_reduce 0.42 -> 0.35 once moved). So the phase goes first, cpu is written only when
-  // it changed, and seq (the futex word) last, in a line of its own: in the control line, as it
-  // was, every post took that line back from the peers, and a peer's next wait read cpu from it
-  // (may_spin, before its first look at the phase) a line transfer later. W=2, the 2-core Zen 4
-  // VM's slow state (runs whose barrier took over 0.37 us), medians over 100 runs alternating with
-  // Open MPI's: barrier 0.59 -> 0.56 us (Open MPI 0.52), 8-byte all_reduce 0.67 -> 0.65 (0.69);
-  // the fast state unchanged (barrier 0.22, 8-byte all_reduce 0.29).
+  // it changed, and seq (the futex word, in the control line) last.
   const int32_t cpu = sched_getcpu();
   if (me.cpu.load(std::memory_order_relaxed) != cpu) me.cpu.store(cpu, std::memory_order_relaxed);
   shm::post(me.seq, me.waiters, target, light_posts_);
