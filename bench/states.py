@@ -57,6 +57,8 @@ def main():
     args = ap.parse_args()
     if args.rounds < 10:
         sys.exit("states.py: --rounds must be at least 10: the states are told apart by how the rounds fall")
+    if args.max_bytes < SIZES[0]:
+        sys.exit(f"states.py: --max-bytes {args.max_bytes} leaves no size to time (the smallest is {SIZES[0]})")
     os.makedirs(args.out, exist_ok=True)
     tail_bin = os.path.join(args.out, "mpi_tail")
     runner.run(["mpicc", "-O2", os.path.join(runner.HERE, "mpi_tail.c"), "-o", tail_bin])
