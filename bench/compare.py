@@ -165,7 +165,6 @@ def main():
     os.makedirs(args.out, exist_ok=True)
 
     mpi_bin, membw_bin = os.path.join(args.out, "mpi_bench"), os.path.join(args.out, "membw")
-    tail_bin = os.path.join(args.out, "mpi_tail")  # Open MPI on chorus-bench's workload, with p95
     runner.run(["mpicc", "-O2", os.path.join(runner.PEERS, "mpi_collectives.c"), "-o", mpi_bin])
     step, step_flags = [], []
     if args.load == "matmul":  # mpi_tail runs chorus-bench's step: bench/step_load.cc, built with chorus-bench
@@ -174,11 +173,10 @@ def main():
             sys.exit(f"--load matmul needs {lib_dir}/libchorus_step_load.so (a build with the torch layer)")
         step_flags = ["-DCHORUS_STEP_LOAD", "-I", runner.HERE, "-L", lib_dir, "-lchorus_step_load", f"-Wl,-rpath,{lib_dir}"]
         step = ["--step-matmul", str(STEP_MATMUL)]
-    runner.run(["mpicc", "-O2", os.path.join(runner.HERE, "mpi_tail.c")] + step_flags + ["-o", tail_bin])
+    tail_bin = runner.build_mpi_tail(args.out, step_flags)  # Open MPI on chorus-bench's workload, with p95
     runner.run(["gcc", "-O3", "-march=native", os.path.join(runner.PEERS, "membw.c"), "-o", membw_bin])
     pair_bin = os.path.join(args.out, "membw_pair")
     runner.run(["gcc", "-O3", "-march=native", os.path.join(runner.HERE, "membw_pair.c"), "-o", pair_bin])
-    mpirun = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np"]
     env1 = runner.one_thread_env()
 
     combined = []
@@ -201,16 +199,16 @@ def main():
                 runs["chorus"].append(chorus_rows(args.build, world, ops, args.out, step=step))
                 runs["chorus_sym"].append(
                     chorus_rows(args.build, world, ["all_reduce", "all_gather"], args.out, symmetric=True, step=step))
-                runs["mpi_fresh"].append(tail_rows(runner.run(mpirun + [str(world), tail_bin, "--fresh"] + step,
-                                                              log=os.path.join(args.out, f"mpi_fresh_w{world}_{r}.txt")),
-                                                   world))
+                runs["mpi_fresh"].append(tail_rows(runner.run(
+                    runner.MPIRUN + [str(world), tail_bin, "--fresh"] + step,
+                    log=os.path.join(args.out, f"mpi_fresh_w{world}_{r}.txt")), world))
                 if args.load == "matmul":  # as chorus's launchers set it (Note [Threads of ranks that share the cores])
                     runs["mpi_passive"].append(tail_rows(runner.run(
-                        mpirun + [str(world), "-x", "OMP_WAIT_POLICY=PASSIVE", tail_bin, "--fresh"] + step,
+                        runner.MPIRUN + [str(world), "-x", "OMP_WAIT_POLICY=PASSIVE", tail_bin, "--fresh"] + step,
                         log=os.path.join(args.out, f"mpi_passive_w{world}_{r}.txt")), world))
                 if not args.load:
-                    runs["mpi"].append(parse_table(runner.run(mpirun + [str(world), mpi_bin],
-                                                              log=os.path.join(args.out, f"mpi_w{world}_{r}.txt"))))
+                    runs["mpi"].append(parse_table(runner.run(
+                        runner.MPIRUN + [str(world), mpi_bin], log=os.path.join(args.out, f"mpi_w{world}_{r}.txt"))))
             if with_gloo:
                 runs["gloo"].append(parse_table(runner.run([args.python, os.path.join(runner.PEERS, "torch_collectives.py"), str(world)],
                                                     env=env1, log=os.path.join(args.out, f"gloo_w{world}_{r}.txt"))))

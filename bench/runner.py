@@ -39,6 +39,17 @@ def run(cmd, env=None, log=None, log_mode="w"):
     return out
 
 
+# Open MPI's launcher as the comparisons start it, followed by the number of ranks.
+MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np"]
+
+
+def build_mpi_tail(out, flags=()):
+    """Builds bench/mpi_tail.c (Open MPI on chorus-bench's workload) into out/mpi_tail; its path."""
+    tail_bin = os.path.join(out, "mpi_tail")
+    run(["mpicc", "-O2", os.path.join(HERE, "mpi_tail.c")] + list(flags) + ["-o", tail_bin])
+    return tail_bin
+
+
 def default_python():
     """The project's environment (scripts/install-deps.sh), else the Python running this script."""
     venv = os.path.join(HERE, "..", ".venv", "bin", "python")

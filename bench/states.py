@@ -60,8 +60,7 @@ def main():
     if args.max_bytes < SIZES[0]:
         sys.exit(f"states.py: --max-bytes {args.max_bytes} leaves no size to time (the smallest is {SIZES[0]})")
     os.makedirs(args.out, exist_ok=True)
-    tail_bin = os.path.join(args.out, "mpi_tail")
-    runner.run(["mpicc", "-O2", os.path.join(runner.HERE, "mpi_tail.c"), "-o", tail_bin])
+    tail_bin = runner.build_mpi_tail(args.out)
     sizes = [s for s in SIZES if s <= args.max_bytes]
     env1 = runner.one_thread_env()
     verdicts = runner.Verdicts()
@@ -72,8 +71,8 @@ def main():
             open(log, "w").close()
         for r in range(args.rounds):
             tables = {
-                "mpi": runner.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(world), tail_bin,
-                                   "--fresh", "--max-bytes", str(args.max_bytes)], env=env1, log=logs["mpi"], log_mode="a"),
+                "mpi": runner.run(runner.MPIRUN + [str(world), tail_bin, "--fresh", "--max-bytes", str(args.max_bytes)],
+                                  env=env1, log=logs["mpi"], log_mode="a"),
                 "chorus": runner.run([os.path.join(args.build, "bench", "chorus-bench"), "--np", str(world), "--ops",
                                       ",".join(OPS), "--sizes", ",".join(map(str, sizes)), "--csv", "--check-last"],
                                      env=env1, log=logs["chorus"], log_mode="a"),
@@ -91,17 +90,17 @@ def main():
                 key = (op, size)
                 if key not in times["chorus"] or key not in times["mpi"]:
                     continue
-                groups = {side: two_states(times[side][key]) for side in times}
                 cells, ok = [], True
+                states = {}  # side -> its (fast, slow) groups; one group stands for both states
+                for side in times:
+                    fast, slow = two_states(times[side][key])
+                    states[side] = (fast, fast) if slow is None else (fast, slow)
                 for state in (0, 1):
-                    pair = {}
+                    median = {side: statistics.median(states[side][state]) for side in times}
                     for side in ("chorus", "mpi"):
-                        fast, slow = groups[side]
-                        g = fast if state == 0 or slow is None else slow
-                        pair[side] = statistics.median(g)
-                        one = slow is None
-                        cells.append(f"{pair[side]:.2f} ({'all' if one else len(g)})")
-                    ok = ok and pair["chorus"] <= pair["mpi"]
+                        one = states[side][0] is states[side][1]
+                        cells.append(f"{median[side]:.2f} ({'all' if one else len(states[side][state])})")
+                    ok = ok and median["chorus"] <= median["mpi"]
                 print(f"{op:11s} {size:>6d} " + " ".join(f"{c:>14s}" for c in cells))
                 verdicts.check(f"W={world} {op} {size} B at least as fast as Open MPI in each state", ok)
     verdicts.print("## in each state")
