@@ -15,13 +15,14 @@
 # builds its own private copy of gloo (cmake/gloo.cmake). The tests start programs under mpirun
 # (openmpi-bin) and torchrun (the wheel's), and make network namespaces (iproute2) to stand in
 # for other hosts, and show a hung process's stacks with gdb when one does not end. SimGrid
-# (libsimgrid-dev) runs chorus's algorithms at 1,024 nodes (bench/sim).
+# (libsimgrid-dev) runs chorus's algorithms at 1,024 nodes (bench/sim). ccache hands
+# scripts/test.sh's later builds (the pip package's, torch 2.14's) what its first one compiled.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv=${CHORUS_VENV:-"$root/.venv"}
 
 packages=(cmake g++ make libgtest-dev libcli11-dev libopenmpi-dev openmpi-bin libxxhash-dev iproute2 clang-format
-          python3-venv pkg-config libsimgrid-dev gdb)
+          python3-venv pkg-config libsimgrid-dev gdb ccache)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -14,6 +14,12 @@ build=${1:-"$root/build"}
 elapsed() { echo "== $1 after $((SECONDS / 60)) min $((SECONDS % 60)) s"; }  # where CI's time goes
 
 "$root/scripts/install-deps.sh"  # Debian packages, and torch 2.13 in .venv (which CMake finds)
+# A compiler cache for the builds this script starts (CMake reads these when it first configures a
+# build directory): the Python package's build in the tests (python_pip_package) and the torch 2.14
+# build then compile only what differs from the main build, not the whole core again.
+if command -v ccache > /dev/null; then
+  export CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache
+fi
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release
 cmake --build "$build" -j "$jobs"
 elapsed "installed and built"
