@@ -16,9 +16,11 @@ elapsed() { echo "== $1 after $((SECONDS / 60)) min $((SECONDS % 60)) s"; }  # w
 "$root/scripts/install-deps.sh"  # Debian packages, and torch 2.13 in .venv (which CMake finds)
 # A compiler cache for the builds this script starts (CMake reads these when it first configures a
 # build directory): the Python package's build in the tests (python_pip_package) and the torch 2.14
-# build then compile only what differs from the main build, not the whole core again.
+# build then compile only what differs from the main build, not the whole core again. ccache tells
+# compilers apart by name, and pip's build takes Python's (g++) where CMake takes c++: one name for
+# every build.
 if command -v ccache > /dev/null; then
-  export CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache
+  export CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache CC=${CC:-gcc} CXX=${CXX:-g++}
 fi
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release
 cmake --build "$build" -j "$jobs"
