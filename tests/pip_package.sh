@@ -4,11 +4,13 @@
 # installs torch and that wheel (which requires exactly the torch it was built against), and
 # chorusrun from the wheel starts two ranks that use backend "chorus" without importing
 # chorus_torch (the .pth the wheel installs loads it after torch).
-# Usage: tests/pip_package.sh PYTHON WORK_DIR
+# Usage: tests/pip_package.sh PYTHON WORK_DIR [BUILD_DIR]
+#   BUILD_DIR: pip's build directory (default WORK_DIR/build); the test command gives a sibling of
+#   its own build directory, whose compiles ccache then finds (scripts/test.sh).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-python=$1 work=$2
-rm -rf "$work"
+python=$1 work=$2 pip_build=${3:-"$2/build"}
+rm -rf "$work" "$pip_build"
 mkdir -p "$work"
 jobs=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 
@@ -18,7 +20,7 @@ for round in first second; do
   echo "== pip wheel --no-build-isolation $root ($round time)"
   rm -rf "$work/dist"
   CMAKE_BUILD_PARALLEL_LEVEL=$jobs "$python" -m pip wheel --no-build-isolation --no-deps -q -w "$work/dist" \
-    -C build-dir="$work/build" "$root" 2>&1 | grep -v "^WARNING: Location" || true
+    -C build-dir="$pip_build" "$root" 2>&1 | grep -v "^WARNING: Location" || true
   wheel=$(ls "$work"/dist/chorus_torch-*.whl)
   contents=$(unzip -l "$wheel")
   for part in chorus_torch/_C chorus_torch/__init__.py chorus_torch.pth chorus_torch_autoload.py /chorusrun; do
