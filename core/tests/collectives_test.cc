@@ -135,6 +135,9 @@ TEST_P(Symmetric, AllReduceBetweenSymmetricBuffers) {
     RANK_CHECK(comm.alloc_symmetric(0).data() == nullptr, "alloc_symmetric(0) gave memory");
     for (size_t count : config.counts)
       for (DataType dt : kAllDataTypes) {
+        // The streaming size for one type of each kind of fold (floats, halves, bytes): what
+        // streams there is bytes, and each type's fold is checked at the smaller size.
+        if (count > (1u << 20) && dt != DataType::Float32 && dt != DataType::BFloat16 && dt != DataType::Int8) continue;
         const size_t es = element_size(dt), bytes = count * es;
         const size_t off_in = size_t(me % 3) * 64 + size_t(me % 2) * es, off_out = size_t(me % 2) * 192;
         SymmetricMemory a = comm.alloc_symmetric(bytes + 256), b = comm.alloc_symmetric(bytes + 256);
