@@ -93,8 +93,9 @@ void all_reduce(ShmGroup& g, const Call& c) {
     if (!gets_result) return g.post_last();  // Note [Owed waits]
     g.sync();
     g.learn_slot_stores(stores);
-    // The own input from where it is, not from the own slot: that may have been streamed to memory.
-    for (int p = 0; p < world; ++p) srcs[size_t(p)] = tiny ? g.inline_of(p) : p == me ? in : g.read_slot(p);
+    // The own input from where it is, not from the own slot (that may have been streamed to
+    // memory) nor from the own call line (Note [Migrating lines]).
+    for (int p = 0; p < world; ++p) srcs[size_t(p)] = p == me ? in : tiny ? g.inline_of(p) : g.read_slot(p);
     reduce::reduce(c.dtype, c.op, srcs.data(), world, out, c.count);
     return g.slot_stores_done(stores, bytes);
   }

@@ -47,6 +47,18 @@ int create_shm_object(const std::string& who, const std::string& name, size_t by
 // Peers spin on that phase, so a tiny all_reduce or a barrier costs one line transfer per peer.
 // RankControl::seq repeats the phase as the futex word for sleepers.
 //
+// Note [Migrating lines]: a rank never reads back what it stored into its own lines; it keeps a
+// copy (ShmGroup::desc_, cpu_) or reads its own input. On the Zen 4 VM a line that one core wrote
+// and another then read is gone from the writer's cache (the reader takes it whole, expecting to
+// write it next), so the writer's read of its own line waits for the line to come back, a
+// transfer as slow as the one it follows. compare() read the own descriptor from the call line
+// after every wait, and every small call paid that transfer before it returned: two threads
+// pinned to the two vCPUs, each storing into its line and waiting on the other's, took 0.19 us a
+// call in the slow state (0.5 us round trip), 0.46 when each also read its own line back.
+// chorus-bench at W=2, 30 alternating rounds, slow / fast state, before and after: barrier 0.56 /
+// 0.22 -> 0.40 / 0.17 us, 8-byte all_reduce 0.65 / 0.29 -> 0.47 / 0.25, 8-byte all_gather 0.62 /
+// 0.27 -> 0.43 / 0.23 (Open MPI in the slow state: 0.52, 0.69, 0.62).
+//
 // Note [Aborted in the call line]: a rank that aborts also sets kLineAborted in both of its call
 // lines. A peer that reaches a call late, after the others posted it and gave up on it, finds
 // every phase it waits for already posted and never looks at their state; it reads the flag in

@@ -20,8 +20,8 @@ ShmGroup::ShmGroup(Store& store, int rank, int world, const BackendOptions& opti
       policy_(SpinPolicy::for_group(world)),
       calls_(size_t(world)),
       stream_slots_(options.shm.stream_slots) {
-  seg_.ctrl(rank_).cpu.store(sched_getcpu());  // else it reads 0 (CPU 0) until the first post()
-  light_posts_ = true;                         // Note [Light posts]: only if every rank can pair them
+  seg_.ctrl(rank_).cpu.store(cpu_ = sched_getcpu());  // else it reads 0 (CPU 0) until the first post()
+  light_posts_ = true;                                // Note [Light posts]: only if every rank can pair them
   for (int r = 0; r < world; ++r) light_posts_ = light_posts_ && seg_.ctrl(r).fences.load() == 1;
   for (int r = 0; r < world; ++r)
     if (r != rank) watch_.watch(r, seg_.ctrl(r).pid.load());
@@ -79,6 +79,7 @@ void ShmGroup::start(const Call& call) {
   }
   if (d.invalid) put_text(me.invalid_text[call_ & 1], invalid);
   me.calls[call_ & 1].desc = d;
+  desc_ = d;
   compared_ = false;
   started_ = call.start;
   deadline_ = call.deadline;
@@ -138,7 +139,7 @@ void ShmGroup::post() {
   // 8-byte all_reduce 0.42 -> 0.35 once moved). So the phase goes first, cpu is written only when
   // it changed, and seq (the futex word, in the control line) last.
   const int32_t cpu = sched_getcpu();
-  if (me.cpu.load(std::memory_order_relaxed) != cpu) me.cpu.store(cpu, std::memory_order_relaxed);
+  if (cpu_ != cpu) me.cpu.store(cpu_ = cpu, std::memory_order_relaxed);
   shm::post(me.seq, me.waiters, target, light_posts_);
 }
 
@@ -189,10 +190,10 @@ void ShmGroup::wait_for(uint32_t target, int only) {
 void ShmGroup::compare() {
   // The common case first: every rank published the same descriptor (same call, kind, dtype, op,
   // root and count, none rejected), and no counts travel with it.
-  const CallDesc& mine = seg_.ctrl(rank_).calls[call_ & 1].desc;
-  bool same = !mine.invalid && mine.ncounts == 0;
+  // This rank's own from its copy (Note [Migrating lines]).
+  bool same = !desc_.invalid && desc_.ncounts == 0;
   for (int p = 0; p < world_ && same; ++p)
-    same = std::memcmp(&seg_.ctrl(p).calls[call_ & 1].desc, &mine, sizeof(CallDesc)) == 0;
+    same = p == rank_ || std::memcmp(&seg_.ctrl(p).calls[call_ & 1].desc, &desc_, sizeof(CallDesc)) == 0;
   if (same) return;
   for (int p = 0; p < world_; ++p)
     calls_[size_t(p)] = {seg_.ctrl(p).calls[call_ & 1].desc, counts_of(p), seg_.ctrl(p).invalid_text[call_ & 1]};

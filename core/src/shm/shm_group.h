@@ -168,11 +168,14 @@ class ShmGroup {
   Segment seg_;
   SpinPolicy policy_;
   PeerWatch watch_;
-  uint32_t phase_ = 0;           // last phase this rank posted
-  uint64_t call_ = 0;            // index of the current call
-  bool light_posts_ = false;     // Note [Light posts]
-  bool owed_ = false;            // the last call's last wait is still to be done (Note [Owed waits])
-  bool compared_ = true;         // the current call's descriptors were compared
+  uint32_t phase_ = 0;        // last phase this rank posted
+  uint64_t call_ = 0;         // index of the current call
+  bool light_posts_ = false;  // Note [Light posts]
+  bool owed_ = false;         // the last call's last wait is still to be done (Note [Owed waits])
+  bool compared_ = true;      // the current call's descriptors were compared
+  // Copies of what this rank stored into its lines, read back from here (Note [Migrating lines]).
+  CallDesc desc_{};              // the current call's descriptor
+  int32_t cpu_ = -1;             // the CPU this rank last posted from
   std::vector<RankCall> calls_;  // compare()'s view of every rank's call, kept between calls
   uint32_t symmetric_made_ = 0;
   bool reads_peers_ = false;
