@@ -196,11 +196,12 @@ inline void movements(Communicator& comm, DataType dt, size_t count, uint64_t sa
 inline void sweep(Communicator& comm, const SweepConfig& config) {
   uint64_t salt = 1;
   for (size_t count : config.counts) {
+    const bool large = count > 100000;  // SweepConfig::large_types
     for (DataType dt : kAllDataTypes) {
-      const auto& large = config.large_types;
-      if (count > 100000 && !large.empty() && std::find(large.begin(), large.end(), dt) == large.end()) continue;
+      const auto& types = config.large_types;
+      if (large && !types.empty() && std::find(types.begin(), types.end(), dt) == types.end()) continue;
       // The W-block collectives keep their whole buffers near the requested size.
-      const size_t per_rank = count > 100000 ? count / size_t(comm.size()) + 1 : count;
+      const size_t per_rank = large ? count / size_t(comm.size()) + 1 : count;
       reductions(comm, dt, count, salt++);
       movements(comm, dt, per_rank, salt++);
       comm.barrier();

@@ -51,8 +51,7 @@ ShmGroup::~ShmGroup() {
 }
 
 std::string ShmGroup::current() {
-  const CallDesc& d = seg_.ctrl(rank_).calls[call_ & 1].desc;
-  return describe(OpKind(d.kind), DataType(d.dtype), ReduceOp(d.op), d.root, d.count);
+  return describe(OpKind(desc_.kind), DataType(desc_.dtype), ReduceOp(desc_.op), desc_.root, desc_.count);
 }
 
 std::string ShmGroup::call_name() { return detail::concat(current(), " (call #", call_, ")"); }
