@@ -9,7 +9,9 @@ its peers do, so this says whether the cores share the memory's speed or each ge
 Where they share it, the pair's time is the floor an all_reduce can meet (each rank reads its 64
 MiB input and writes its 64 MiB output while its peer does the same), and chorus is judged against
 both floors. With more ranks than cores each core must copy for several ranks, and each floor is
-that many memcpys (printed, and used by the verdicts, as such).
+that many memcpys (printed, and used by the verdicts, as such). Unloaded runs also time
+staged_model.c: the copies and folds of chorus's all_reduce on ordinary buffers done by threads,
+without processes or waits, as fast as that data movement goes on the machine.
 
 Open MPI runs twice too: as programs call it (column mpi, peers/mpi_collectives.c), which never writes its buffers
 again, and bench/mpi_tail.c --fresh (column mpi_fresh), which writes each input before every call
@@ -116,6 +118,14 @@ def pair_memcpy_us(text):
     return float(m.group(1))
 
 
+def staged_model_us(text):
+    """staged_model's line -> the best time of the staged all_reduce's copies alone, in us."""
+    m = re.search(r"staged all_reduce model, .*: best ([\d.]+) us", text)
+    if not m:
+        sys.exit("staged_model printed no time")
+    return float(m.group(1))
+
+
 def memcpy_floor_us(text):
     """membw's 64 MiB line -> the time of one 64 MiB memcpy on one core, in us."""
     for line in text.splitlines():
@@ -177,6 +187,8 @@ def main():
     runner.run(["gcc", "-O3", "-march=native", os.path.join(runner.PEERS, "membw.c"), "-o", membw_bin])
     pair_bin = os.path.join(args.out, "membw_pair")
     runner.run(["gcc", "-O3", "-march=native", os.path.join(runner.HERE, "membw_pair.c"), "-o", pair_bin])
+    model_bin = os.path.join(args.out, "staged_model")
+    runner.run(["gcc", "-O3", "-march=native", "-pthread", os.path.join(runner.HERE, "staged_model.c"), "-o", model_bin])
     env1 = runner.one_thread_env()
 
     combined = []
@@ -191,10 +203,13 @@ def main():
         with_gloo = str(world) in args.gloo_np.split(",") and not args.load
         if with_gloo:
             runs["gloo"] = []
-        floors, pairs = [], []
+        floors, pairs, models = [], [], []
         for r in range(args.repeat):
             floors.append(memcpy_floor_us(runner.run([membw_bin], log=os.path.join(args.out, f"membw_w{world}_{r}.txt"))))
             pairs.append(pair_memcpy_us(runner.run([pair_bin, "2"], log=os.path.join(args.out, f"membw_pair_w{world}_{r}.txt"))))
+            if not args.load:
+                models.append(staged_model_us(runner.run([model_bin, str(world)],
+                                                         log=os.path.join(args.out, f"staged_model_w{world}_{r}.txt"))))
             with cpu_load(args.load == "cpu"):
                 runs["chorus"].append(chorus_rows(args.build, world, ops, args.out, step=step))
                 runs["chorus_sym"].append(
@@ -272,6 +287,12 @@ def main():
         print(f"the floor for ranks copying at once ({per_core:g} of membw_pair's memcpys per core): "
               f"{at_once:.0f} us; chorus reaches {at_once / big_ordinary:.0%} of it (ordinary buffers), "
               f"{at_once / big_symmetric:.0%} (symmetric)")
+        # On ordinary buffers every byte goes through the slots (core/src/shm/all_reduce.cc): the
+        # same copies and folds without processes or waits are as fast as that path can be here.
+        model = runner.medians([{"model": m} for m in models])["model"]
+        print(f"the staged all_reduce's copies and folds alone (staged_model: threads, no processes or waits, "
+              f"best of its runs): {model:.0f} us, {at_once / model:.0%} of the floor for ranks copying at once; "
+              f"chorus on ordinary buffers takes {big_ordinary / model:.2f}x that")
 
         def check(label, ok):
             verdicts.check(f"W={world} {label}", ok)
