@@ -15,7 +15,10 @@ group is the fast state, the slower the slow one; each side's fast state is comp
 other's, slow with slow, and a side whose times form one group (the state does not change its
 time) with both of the other's.
 
-  bench/states.py --build build [--np 2] [--rounds 100] [--max-bytes 65536] [--out bench-results/states]
+With --load a CPU-bound process runs beside both sides (as compare.py --load): each round's p95
+is then compared too, within the same states (the rounds whose medians fell in each).
+
+  bench/states.py --build build [--np 2] [--rounds 100] [--max-bytes 65536] [--load] [--out bench-results/states]
 
 Writes every round's tables to --out (chorus_w<N>.txt, mpi_w<N>.txt) and prints the comparison and
 a verdict per op and size.
@@ -25,16 +28,32 @@ import statistics
 import sys
 
 import runner
-from compare import OPS, SIZES, parse_table
+from compare import OPS, SIZES, cpu_load
 
 MIN_SHARE = 0.05  # each state holds at least this share of the rounds, and 3
 MIN_RATIO = 1.5  # the slow state's median is at least this many times the fast state's
 
 
-def two_states(values):
-    """values split into (fast, slow) where they fall in two groups (see the module's doc), else
-    (values, None)."""
-    v = sorted(values)
+def median_and_p95(text):
+    """chorus-bench's CSV or mpi_tail's table -> {(op, bytes): (median_us, p95_us)}: both put the
+    median third and the p95 fourth."""
+    rows = {}
+    for line in text.splitlines():
+        parts = line.replace(",", " ").split()
+        if len(parts) < 4 or parts[0].startswith("#") or parts[0] == "op":
+            continue
+        try:
+            rows[(parts[0], int(parts[1]))] = (float(parts[2]), float(parts[3]))
+        except ValueError:
+            continue
+    return rows
+
+
+def two_states(rounds):
+    """rounds ((median, p95) each) split into (fast, slow) where their medians fall in two groups
+    (see the module's doc), else (rounds, None)."""
+    rows = sorted(rounds)
+    v = [median for median, _ in rows]
     best, cut = None, 0
     for i in range(1, len(v)):
         lo, hi = v[:i], v[i:]
@@ -45,14 +64,15 @@ def two_states(values):
     lo, hi = v[:cut], v[cut:]
     least = max(3, int(MIN_SHARE * len(v)))
     if cut and len(lo) >= least and len(hi) >= least and statistics.median(hi) >= MIN_RATIO * statistics.median(lo):
-        return lo, hi
-    return v, None
+        return rows[:cut], rows[cut:]
+    return rows, None
 
 
 def main():
     ap = runner.parser(__doc__, "2")
     ap.add_argument("--rounds", type=int, default=100, help="rounds of chorus and Open MPI, one after the other")
     ap.add_argument("--max-bytes", type=int, default=65536, help="the largest message timed")
+    ap.add_argument("--load", action="store_true", help="a CPU-bound process beside both sides; p95 compared too")
     ap.set_defaults(out=os.path.join("bench-results", "states"))
     args = ap.parse_args()
     if args.rounds < 10:
@@ -65,26 +85,31 @@ def main():
     env1 = runner.one_thread_env()
     verdicts = runner.Verdicts()
     for world in runner.worlds(args):
-        times = {"chorus": {}, "mpi": {}}  # (op, bytes) -> every round's median
+        times = {"chorus": {}, "mpi": {}}  # (op, bytes) -> every round's (median, p95)
         logs = {side: os.path.join(args.out, f"{side}_w{world}.txt") for side in times}
         for log in logs.values():
             open(log, "w").close()
         for r in range(args.rounds):
-            tables = {
-                "mpi": runner.run(runner.MPIRUN + [str(world), tail_bin, "--fresh", "--max-bytes", str(args.max_bytes)],
-                                  env=env1, log=logs["mpi"], log_mode="a"),
-                "chorus": runner.run([os.path.join(args.build, "bench", "chorus-bench"), "--np", str(world), "--ops",
-                                      ",".join(OPS), "--sizes", ",".join(map(str, sizes)), "--csv", "--check-last"],
-                                     env=env1, log=logs["chorus"], log_mode="a"),
-            }
+            with cpu_load(args.load):
+                tables = {
+                    "mpi": runner.run(runner.MPIRUN + [str(world), tail_bin, "--fresh", "--max-bytes", str(args.max_bytes)],
+                                      env=env1, log=logs["mpi"], log_mode="a"),
+                    "chorus": runner.run([os.path.join(args.build, "bench", "chorus-bench"), "--np", str(world), "--ops",
+                                          ",".join(OPS), "--sizes", ",".join(map(str, sizes)), "--csv", "--check-last"],
+                                         env=env1, log=logs["chorus"], log_mode="a"),
+                }
             for side, text in tables.items():
-                for key, (median, _) in parse_table(text).items():
-                    times[side].setdefault(key, []).append(median)
+                for key, row in median_and_p95(text).items():
+                    times[side].setdefault(key, []).append(row)
             if (r + 1) % 10 == 0:
                 print(f"W={world}: {r + 1} of {args.rounds} rounds", file=sys.stderr, flush=True)
 
-        print(f"\n## W={world}, {args.rounds} rounds: median us (rounds) in each state; one group: the same in both")
-        print(f"{'op':11s} {'bytes':>6s} {'fast: chorus':>14s} {'Open MPI':>14s} {'slow: chorus':>14s} {'Open MPI':>14s}")
+        beside = " beside a CPU-bound process" if args.load else ""
+        shown = "median / p95 (the rounds' medians of each)" if args.load else "median"
+        print(f"\n## W={world}, {args.rounds} rounds{beside}: {shown} us (rounds) in each state; one group: the same in both")
+        width = 22 if args.load else 14
+        print(f"{'op':11s} {'bytes':>6s} {'fast: chorus':>{width}s} {'Open MPI':>{width}s} {'slow: chorus':>{width}s} "
+              f"{'Open MPI':>{width}s}")
         for op in OPS:
             for size in [0] if op == "barrier" else sizes:
                 key = (op, size)
@@ -96,13 +121,16 @@ def main():
                     fast, slow = two_states(times[side][key])
                     states[side] = (fast, fast) if slow is None else (fast, slow)
                 for state in (0, 1):
-                    median = {side: statistics.median(states[side][state]) for side in times}
+                    median = {side: statistics.median(m for m, _ in states[side][state]) for side in times}
+                    p95 = {side: statistics.median(p for _, p in states[side][state]) for side in times}
                     for side in ("chorus", "mpi"):
                         one = states[side][0] is states[side][1]
-                        cells.append(f"{median[side]:.2f} ({'all' if one else len(states[side][state])})")
-                    ok = ok and median["chorus"] <= median["mpi"]
-                print(f"{op:11s} {size:>6d} " + " ".join(f"{c:>14s}" for c in cells))
-                verdicts.check(f"W={world} {op} {size} B at least as fast as Open MPI in each state", ok)
+                        shown = f"{median[side]:.2f} / {p95[side]:.2f}" if args.load else f"{median[side]:.2f}"
+                        cells.append(f"{shown} ({'all' if one else len(states[side][state])})")
+                    ok = ok and median["chorus"] <= median["mpi"] and (not args.load or p95["chorus"] <= p95["mpi"])
+                print(f"{op:11s} {size:>6d} " + " ".join(f"{c:>{width}s}" for c in cells))
+                verdicts.check(f"W={world} {op} {size} B at least as fast as Open MPI in each state"
+                               + (", median and p95" if args.load else ""), ok)
     verdicts.print("## in each state")
 
 
