@@ -67,6 +67,80 @@ bool all_reduce_direct(ShmGroup& g, const Call& c) {
   g.sync();  // every output is written
   return true;
 }
+
+// Note [Ring through the slots]: with more ranks than cores, the staged path's copies cost more
+// than its waits. Each rank copies its input through its slot and folds its part from all W
+// slots, so a round's W slots (of two rounds: 2 x kGroupRoundBytes) pass through the caches that
+// the cores' several ranks share with each other and with the machine's other tenants. W=8 on the
+// 2-core EPYC VM (512 KiB of L2 per core), 64 MiB: chorus-bench 62-97 ms, and the same copies and
+// folds on one thread per core with nothing else (bench/staged_model.c) 57-84, against 33-47 for
+// every rank's memcpy at once. So there a large all_reduce goes as a ring through the slots
+// instead: a round's parts travel rank to rank, one step a phase; at step s rank r folds its input
+// into part (r + s) mod W, reading that part's partial sum from the slot of rank r + 1, which
+// folded it the step before, and writing it into its own. After W steps rank q's slot holds part
+// q - 1 whole (its folder also kept it in its output), and every rank copies the parts out in the
+// next round's first phase. A round is W parts of kRingRoundBytes / W: what stays in cache is one
+// round's partial sums in two slots' parity, not W copies of it, for W phases a round instead of
+// one. Same machine, chorus-bench, five interleaved runs, median of each run's median: W=8 64 MiB
+// 57.5 ms against 78.8 staged (16 MiB 15.0 against 19.7, 1 MiB 0.70-0.88 against 1.08-1.60); W=4
+// 64 MiB 30.3 against 38.3. Below kRingMinBytes the W phases cost more than the copies save (W=8,
+// 512 KiB: 400-636 us against 259-392).
+//
+// A part's sum folds in ring order, starting at the part's first folder, so its bits depend on W
+// and not on which rank computes it: still identical on every rank and from call to call, but not
+// the rank-order fold of the other paths. Two-operand folds would round f16/bf16 at every step and
+// would divide a mean at every step, so those keep the staged path (reduce() folds all W inputs at
+// once, accumulating halves in f32).
+constexpr size_t kRingRoundBytes = 4 << 20;
+constexpr size_t kRingMinBytes = 1 << 20;
+
+bool rings(ShmGroup& g, const Call& c) {
+  return c.kind == OpKind::AllReduce && g.world() > g.cores() && c.count * element_size(c.dtype) >= kRingMinBytes &&
+         c.op != ReduceOp::Mean && c.dtype != DataType::Float16 && c.dtype != DataType::BFloat16;
+}
+
+// Note [Ring through the slots].
+void all_reduce_ring(ShmGroup& g, const Call& c) {
+  const int world = g.world(), me = g.rank(), next = (me + 1) % world;
+  const size_t es = element_size(c.dtype);
+  const auto* in = static_cast<const uint8_t*>(c.in);
+  auto* out = static_cast<uint8_t*>(c.out);
+  auto& srcs = source_list(world);
+  const size_t line = 64 / es, fit = std::min(g.slot_bytes(), kRingRoundBytes / size_t(world)) / es;
+  const size_t part = fit >= line ? fit / line * line : fit;
+  const size_t per_round = part * size_t(world);
+  const size_t rounds = rounds_for(c.count, per_round);
+  const bool stream = c.count * es >= kStreamMinBytes && c.in != c.out;  // Note [Streaming stores]
+  auto part_begin = [&](size_t k, int q) {
+    return k * per_round + in_round(c.count, per_round, k) * size_t(q) / size_t(world);
+  };
+  SlotStores stores = g.slot_stores(c.kind, c.count * es);  // Note [Streaming into the slots]
+  for (size_t k = 0; k <= rounds; ++k) {
+    if (k >= 1)  // the previous round's parts, each whole in the slot of its last folder
+      for (int q = 0; q < world; ++q) {
+        if (q == me) continue;  // my slot's part I folded last, and kept
+        const int p = (q + world - 1) % world;
+        const size_t b = part_begin(k - 1, p), e = part_begin(k - 1, p + 1);
+        copy_out(out + b * es, g.read_slot(q), (e - b) * es, stream);
+      }
+    if (k == rounds) break;
+    for (int s = 0; s < world; ++s) {
+      const int p = (me + s) % world;
+      const size_t b = part_begin(k, p), e = part_begin(k, p + 1);
+      if (s == 0) {
+        copy_out(g.write_slot(), in + b * es, (e - b) * es, stores.stream());
+      } else {
+        srcs[0] = g.read_slot(next);
+        srcs[1] = in + b * es;
+        reduce::reduce(c.dtype, c.op, srcs.data(), 2, g.write_slot(), e - b,
+                       {s == world - 1 ? out + b * es : nullptr, stream, stores.stream()});
+      }
+      g.sync();
+      if (k == 0 && s == 0) g.learn_slot_stores(stores);
+    }
+  }
+  g.slot_stores_done(stores, c.count * es);
+}
 }  // namespace
 
 void all_reduce(ShmGroup& g, const Call& c) {
@@ -101,6 +175,7 @@ void all_reduce(ShmGroup& g, const Call& c) {
   }
 
   if (c.kind == OpKind::AllReduce && g.symmetric_made() != 0 && all_reduce_direct(g, c)) return;
+  if (rings(g, c)) return all_reduce_ring(g, c);
 
   // Slot layout: [inputs of the round: W parts][my folded part of the previous round].
   // Parts start on cache lines (as far as the slot allows), so no store splits a line.

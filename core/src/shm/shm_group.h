@@ -62,6 +62,8 @@ class ShmGroup {
   // [Deep slots when ranks share cores]). Calls go in rounds of one or the other.
   size_t slot_bytes() const { return seg_.layout().slot_bytes; }
   size_t chunk_bytes() const { return seg_.layout().chunk_bytes; }
+  // Rank 0's job_cores(): the same on every rank, so every rank picks the same algorithm.
+  int cores() { return int(seg_.header().cores); }
   const std::string& name() const { return name_; }
   Segment& segment() { return seg_; }
 
