@@ -10,8 +10,9 @@ Where they share it, the pair's time is the floor an all_reduce can meet (each r
 MiB input and writes its 64 MiB output while its peer does the same), and chorus is judged against
 both floors. With more ranks than cores each core must copy for several ranks, and each floor is
 that many memcpys (printed, and used by the verdicts, as such). Unloaded runs also time
-staged_model.c: the copies and folds of chorus's all_reduce on ordinary buffers done by threads,
-without processes or waits, as fast as that data movement goes on the machine.
+staged_model.c: the copies and folds of chorus's all_reduce on ordinary buffers (two-shot, or
+with more ranks than cores the ring) done by threads, without processes or waits, as fast as that
+data movement goes on the machine.
 
 Open MPI runs twice too: as programs call it (column mpi, peers/mpi_collectives.c), which never writes its buffers
 again, and bench/mpi_tail.c --fresh (column mpi_fresh), which writes each input before every call
@@ -119,11 +120,12 @@ def pair_memcpy_us(text):
 
 
 def staged_model_us(text):
-    """staged_model's line -> {"best", "median"}: its runs' times of the staged all_reduce's copies alone, in us."""
-    m = re.search(r"staged all_reduce model, .* rounds of \d+ KiB: best ([\d.]+) us, median ([\d.]+) us", text)
+    """staged_model's line -> {"best", "median"}: its runs' times of the all_reduce's copies and
+    folds alone (two-shot, or the ring), in us."""
+    m = re.search(r"(two-shot|ring) all_reduce model, .* rounds of \d+ KiB: best ([\d.]+) us, median ([\d.]+) us", text)
     if not m:
         sys.exit("staged_model printed no time")
-    return {"best": float(m.group(1)), "median": float(m.group(2))}
+    return {"best": float(m.group(2)), "median": float(m.group(3))}
 
 
 def memcpy_floor_us(text):
@@ -290,7 +292,8 @@ def main():
         # On ordinary buffers every byte goes through the slots (core/src/shm/all_reduce.cc): the
         # same copies and folds without processes or waits are as fast as that path can be here.
         model = runner.medians(models)
-        print(f"the staged all_reduce's copies and folds alone (staged_model: threads, no processes or waits): "
+        way = "the ring's" if world > cores else "two-shot's"
+        print(f"{way} copies and folds alone (staged_model: threads, no processes or waits): "
               f"best {model['best']:.0f} us ({at_once / model['best']:.0%} of the floor for ranks copying at once), "
               f"median {model['median']:.0f} us; chorus on ordinary buffers takes {big_ordinary / model['median']:.2f}x "
               "the median")

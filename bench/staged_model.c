@@ -1,21 +1,26 @@
-/* What the staged all_reduce's copies cost on this machine, without processes or waits: the
-   bound that chorus's all_reduce on ordinary buffers can meet, beside the floor of every rank
-   copying 64 MiB at once (bench/membw_pair.c).
+/* What chorus's all_reduce on ordinary buffers costs on this machine in copies and folds alone,
+   without processes or waits: the bound it can meet, beside the floor of every rank copying
+   64 MiB at once (bench/membw_pair.c).
 
    chorus's shared-memory all_reduce on ordinary buffers (core/src/shm/all_reduce.cc) goes in
-   rounds; in each, every rank copies the parts of its input that its peers fold into its slot,
-   folds its own part from every rank's slot (its own input read where it is) into its output and
-   its slot, and copies the others' folded parts of the round before out of their slots. This
-   program does the same copies and folds of float sums, one thread per CPU running the ranks r
-   with r % CPUs == its index in rank order, with a spin barrier where chorus's ranks meet: no
-   process switches, no sleeping, no call checks. Each of its runs writes every input first, as
-   chorus-bench does before each call. It also times every rank's 64 MiB memcpy on the same
-   threads, the floor for ranks copying at once.
+   rounds, two ways. Two-shot (a CPU for every rank): in each round every rank copies the parts of
+   its input that its peers fold into its slot, folds its own part from every rank's slot (its own
+   input read where it is) into its output and its slot, and copies the others' folded parts of the
+   round before out of their slots. Ring (more ranks than CPUs, Note [Ring through the slots]): a
+   round's parts travel rank to rank, one step a phase; at step s rank r folds its input into part
+   (r + s) mod W, read from rank r + 1's slot of the step before, into its own slot; after W steps
+   every rank copies the whole parts out. This program does the same copies and folds of float
+   sums, one thread per CPU running the ranks r with r % CPUs == its index in rank order, with a spin
+   barrier where chorus's ranks meet: no process switches, no sleeping, no call checks. Each of its
+   runs writes every input first, as chorus-bench does before each call. It also times every rank's
+   64 MiB memcpy on the same threads, the floor for ranks copying at once.
 
    Build: gcc -O3 -march=native -pthread staged_model.c -o staged_model
-   Run:   staged_model W [round KiB per rank]; the round defaults to chorus's: 512 KiB with a CPU
-          for every rank, else 8 MiB / W within 512 KiB-2 MiB (Note [Deep slots when ranks share cores]).
-   Prints: "staged all_reduce model, W ranks on T CPUs, 67108864 B a rank, rounds of R KiB:
+   Run:   staged_model W [round KiB] [two-shot|ring]; the way defaults to chorus's (ring with more
+          ranks than CPUs), the round to chorus's: for two-shot each rank's slot holds the round's W
+          parts and its folded part, 512 KiB with a CPU for every rank, else 8 MiB / W within
+          512 KiB-2 MiB (Note [Deep slots when ranks share cores]); a ring's round is 4 MiB.
+   Prints: "<way> all_reduce model, W ranks on T CPUs, 67108864 B a rank, rounds of R KiB:
           best <us> us, median <us> us; every rank's memcpy at once: best <us> us" */
 #define _GNU_SOURCE
 #include <immintrin.h>
@@ -114,6 +119,39 @@ static void* staged(void* arg) {
   return NULL;
 }
 
+/* Note [Ring through the slots]: slot[r][j & 1] holds rank r's partial sum of step j. */
+static void* ring(void* arg) {
+  const int t = (int)(long)arg;
+  size_t step = 0;
+  for (size_t k = 0; k <= rounds; k++) {
+    for (int me = t; me < world && k >= 1; me += threads) /* round k-1's parts, each whole */
+      for (int q = 0; q < world; q++) {
+        const int p = (q + world - 1) % world; /* in q's slot; q == me kept it */
+        const size_t b = part_begin(k - 1, p), e = part_begin(k - 1, p + 1);
+        if (q != me) stream_copy(out[me] + b, slot[q][step & 1], e - b);
+      }
+    for (int s = 0; k < rounds && s < world; s++, step++) {
+      for (int me = t; me < world; me += threads) {
+        const int p = (me + s) % world;
+        const size_t b = part_begin(k, p), e = part_begin(k, p + 1);
+        float* mine = slot[me][(step + 1) & 1];
+        if (s == 0) {
+          memcpy(mine, in[me] + b, (e - b) * sizeof(float));
+          continue;
+        }
+        const float* prev = slot[(me + 1) % world][step & 1];
+        for (size_t x = 0; x < e - b; x += kBlock) {
+          const size_t m = e - b - x < kBlock ? e - b - x : kBlock;
+          for (size_t i = 0; i < m; i++) mine[x + i] = prev[x + i] + in[me][b + x + i];
+          if (s == world - 1) stream_copy(out[me] + b + x, mine + x, m);
+        }
+      }
+      barrier();
+    }
+  }
+  return NULL;
+}
+
 static void* copies(void* arg) {
   for (int r = (int)(long)arg; r < world; r += threads) memcpy(out[r], in[r], kBytes);
   return NULL;
@@ -166,16 +204,26 @@ int main(int argc, char** argv) {
   threads = 0;
   for (int c = 0; c < CPU_SETSIZE && threads < world; c++)
     if (CPU_ISSET(c, &usable)) cpus[threads++] = c;
+  const int rings = argc > 3 ? strcmp(argv[3], "ring") == 0 : threads < world;
+  if (argc > 3 && !rings && strcmp(argv[3], "two-shot") != 0) {
+    fprintf(stderr, "staged_model: the way is two-shot or ring, not '%s'\n", argv[3]);
+    return 2;
+  }
   size_t round_kib = threads >= world ? 512 : (8u << 10) / (size_t)world;
-  round_kib = round_kib < 512 ? 512 : round_kib > 2048 ? 2048 : round_kib;
+  round_kib = rings ? 4096 : round_kib < 512 ? 512 : round_kib > 2048 ? 2048 : round_kib;
   if (argc > 2) round_kib = (size_t)atoi(argv[2]);
   if (round_kib < 4) {
     fprintf(stderr, "staged_model: the round must be at least 4 KiB\n");
     return 2;
   }
-  /* The slot holds the round's W parts and the rank's folded part, each whole cache lines. */
-  const size_t fit = (round_kib << 10) / ((size_t)(world + 1) * sizeof(float));
+  /* Two-shot: the slot holds the round's W parts and the rank's folded part; ring: the round is
+     W parts, and a slot holds one. Each part is whole cache lines. */
+  const size_t fit = (round_kib << 10) / ((size_t)(rings ? world : world + 1) * sizeof(float));
   const size_t part = fit / kLine * kLine;
+  if (part == 0) {
+    fprintf(stderr, "staged_model: a round of %zu KiB leaves no cache line for each of %d ranks\n", round_kib, world);
+    return 2;
+  }
   count = kBytes / sizeof(float);
   per_round = part * (size_t)world;
   folded_at = per_round;
@@ -195,7 +243,7 @@ int main(int argc, char** argv) {
   for (int pass = 0; pass < kRuns; pass++) { /* interleaved, so both see the machine alike */
     const double c = run(copies, pass);
     floor_best = c < floor_best ? c : floor_best;
-    took[pass] = run(staged, pass);
+    took[pass] = run(rings ? ring : staged, pass);
   }
   for (int r = 0; r < world; r++) /* the model computed the sum, or it measured nothing */
     for (size_t i = 0; i < count; i += 4099) {
@@ -208,8 +256,8 @@ int main(int argc, char** argv) {
     }
   qsort(took, kRuns, sizeof took[0], by_value);
   printf(
-      "staged all_reduce model, %d ranks on %d CPUs, %zu B a rank, rounds of %zu KiB: best %.0f us, median %.0f us; "
+      "%s all_reduce model, %d ranks on %d CPUs, %zu B a rank, rounds of %zu KiB: best %.0f us, median %.0f us; "
       "every rank's memcpy at once: best %.0f us\n",
-      world, threads, kBytes, round_kib, took[0], took[kRuns / 2], floor_best);
+      rings ? "ring" : "two-shot", world, threads, kBytes, round_kib, took[0], took[kRuns / 2], floor_best);
   return 0;
 }

@@ -137,7 +137,7 @@ void fold_plain(const void* const* srcs, int n, void* dst_v, size_t count, bool 
     }
     if constexpr (std::is_floating_point_v<T>) {
       if (mean) {
-        const T div = T(n);
+        const T div = T(copy.mean_of ? copy.mean_of : n);
         for (size_t i = 0; i < m; ++i) out[i] /= div;
       }
     }
@@ -190,7 +190,7 @@ void fold_half(const void* const* srcs, int n, void* dst_v, size_t count, bool m
       for (size_t i = 0; i < m; ++i) acc[i] = Op<float>::apply(acc[i], tmp[i]);
     }
     if (mean) {
-      const float div = float(n);
+      const float div = float(copy.mean_of ? copy.mean_of : n);
       for (size_t i = 0; i < m; ++i) acc[i] /= div;
     }
     uint16_t* out = writes_staged(copy) ? stage : dst + base;

@@ -19,10 +19,13 @@ namespace chorus::reduce {
 // copy is written with streaming stores (Note [Streaming stores] in shm/copy.h). copy.to may
 // alias a source exactly, like dst, but not dst. With `stream_dst`, dst is written with streaming
 // stores too, whether or not there is a copy (Note [Streaming into the slots] in shm/slot_stores.h).
+// `mean_of`, when set, is what Mean divides by instead of n: the last fold of a partial sum (Note
+// [Ring through the slots] in shm/all_reduce.cc).
 struct Copy {
   void* to = nullptr;
   bool stream = false;
   bool stream_dst = false;
+  int mean_of = 0;
 };
 void reduce(DataType dtype, ReduceOp op, const void* const* srcs, int n, void* dst, size_t count, Copy copy = {});
 

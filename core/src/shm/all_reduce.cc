@@ -10,7 +10,8 @@
 // folded by exactly one rank in a fixed order, and the inline/one-shot paths fold in that same
 // order on every rank, so all ranks end with identical bits. How a message of 16 KiB and more is
 // stored into the slots, normally or streaming, rank 0 chooses by measuring (Note [Streaming into
-// the slots]).
+// the slots]). With more ranks than cores an all_reduce of 1 MiB and more goes as a ring through
+// the slots instead of two-shot (Note [Ring through the slots]).
 //
 // Note [Direct all_reduce]: when every rank's input and output lie in symmetric memory (Note
 // [Symmetric buffers]), nothing is staged: rank r reads its part of every rank's input, folds
@@ -88,15 +89,15 @@ bool all_reduce_direct(ShmGroup& g, const Call& c) {
 //
 // A part's sum folds in ring order, starting at the part's first folder, so its bits depend on W
 // and not on which rank computes it: still identical on every rank and from call to call, but not
-// the rank-order fold of the other paths. Two-operand folds would round f16/bf16 at every step and
-// would divide a mean at every step, so those keep the staged path (reduce() folds all W inputs at
-// once, accumulating halves in f32).
+// the rank-order fold of the other paths. A mean sums until the last fold, which divides by W.
+// Folds of two operands would round f16/bf16 at every step, so those keep the staged path
+// (reduce() folds all W inputs at once, accumulating halves in f32 and rounding once).
 constexpr size_t kRingRoundBytes = 4 << 20;
 constexpr size_t kRingMinBytes = 1 << 20;
 
 bool rings(ShmGroup& g, const Call& c) {
   return c.kind == OpKind::AllReduce && g.world() > g.cores() && c.count * element_size(c.dtype) >= kRingMinBytes &&
-         c.op != ReduceOp::Mean && c.dtype != DataType::Float16 && c.dtype != DataType::BFloat16;
+         c.dtype != DataType::Float16 && c.dtype != DataType::BFloat16;
 }
 
 // Note [Ring through the slots].
@@ -115,7 +116,10 @@ void all_reduce_ring(ShmGroup& g, const Call& c) {
     return k * per_round + in_round(c.count, per_round, k) * size_t(q) / size_t(world);
   };
   SlotStores stores = g.slot_stores(c.kind, c.count * es);  // Note [Streaming into the slots]
+  const uint32_t base = g.phase();                          // round k's step s is phase base + 1 + k W + s
+  const int prev = (me + world - 1) % world;
   for (size_t k = 0; k <= rounds; ++k) {
+    if (k >= 1) g.wait_all(base + uint32_t(k * size_t(world)));  // the previous round is folded
     if (k >= 1)  // the previous round's parts, each whole in the slot of its last folder
       for (int q = 0; q < world; ++q) {
         if (q == me) continue;  // my slot's part I folded last, and kept
@@ -127,16 +131,28 @@ void all_reduce_ring(ShmGroup& g, const Call& c) {
     for (int s = 0; s < world; ++s) {
       const int p = (me + s) % world;
       const size_t b = part_begin(k, p), e = part_begin(k, p + 1);
+      const uint32_t n = base + 1 + uint32_t(k * size_t(world)) + uint32_t(s);
+      if (s == 1 && k >= 1) {  // my slot held a whole part, which every rank copied out
+        g.wait_all(n - 1);
+      } else if (s >= 1) {  // the next rank's partial sum is in; the previous one has read mine
+        g.wait_rank(next, n - 1);
+        g.wait_rank(prev, n - 1);
+      }
       if (s == 0) {
         copy_out(g.write_slot(), in + b * es, (e - b) * es, stores.stream());
       } else {
         srcs[0] = g.read_slot(next);
         srcs[1] = in + b * es;
-        reduce::reduce(c.dtype, c.op, srcs.data(), 2, g.write_slot(), e - b,
-                       {s == world - 1 ? out + b * es : nullptr, stream, stores.stream()});
+        const bool last = s == world - 1;  // a mean sums until the last fold, which divides by W
+        reduce::reduce(c.dtype, last || c.op != ReduceOp::Mean ? c.op : ReduceOp::Sum, srcs.data(), 2, g.write_slot(),
+                       e - b, {last ? out + b * es : nullptr, stream, stores.stream(), world});
       }
-      g.sync();
-      if (k == 0 && s == 0) g.learn_slot_stores(stores);
+      if (k == 0 && s == 0) {  // everyone is in the call (and the calls compared): every slot is free
+        g.sync();
+        g.learn_slot_stores(stores);
+      } else {
+        g.post();
+      }
     }
   }
   g.slot_stores_done(stores, c.count * es);

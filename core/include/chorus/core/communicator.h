@@ -104,7 +104,9 @@ class Communicator {
   int host_count() const;  // distinct hosts among the ranks
   std::chrono::milliseconds timeout() const { return options_.timeout; }
 
-  // out[i] = in_0[i] op in_1[i] op ... (rank order). count elements each.
+  // out[i] = in_0[i] op in_1[i] op ... (rank order). count elements each. (Float sums and products
+  // of 1 MiB and more with more ranks than cores, and some across hosts, add in another order:
+  // docs/launching.md.)
   void all_reduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op, Timeout timeout = {});
   // buf of root goes to every rank's buf.
   void broadcast(void* buf, size_t count, DataType dtype, int root, Timeout timeout = {});
