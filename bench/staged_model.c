@@ -119,7 +119,7 @@ static void* staged(void* arg) {
   return NULL;
 }
 
-/* Note [Ring through the slots]: slot[r][j & 1] holds rank r's partial sum of step j. */
+/* Note [Ring through the slots]: slot[r][(j + 1) & 1] holds rank r's partial sum of step j. */
 static void* ring(void* arg) {
   const int t = (int)(long)arg;
   size_t step = 0;
