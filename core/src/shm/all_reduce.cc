@@ -39,6 +39,23 @@ constexpr size_t kGroupRoundBytes = 8 << 20;
 // piece to every rank's output.
 constexpr size_t kDirectPieceBytes = 64 * 1024;
 
+// The rounds of a pipelined all_reduce (two-shot or ring): each of W parts of `fit` elements at
+// most, rounded down to whole cache lines where one fits, so that no store splits a line; the last
+// round is shorter. Part q of round k begins at begin(k, q).
+struct RoundParts {
+  RoundParts(size_t count, size_t fit, size_t es, int world) : count(count), world(world) {
+    const size_t line = kLine / es;
+    per_round = (fit >= line ? fit / line * line : fit) * size_t(world);
+  }
+  size_t begin(size_t k, int q) const {
+    return k * per_round + in_round(count, per_round, k) * size_t(q) / size_t(world);
+  }
+  size_t rounds() const { return rounds_for(count, per_round); }
+  size_t count;
+  int world;
+  size_t per_round = 0;
+};
+
 // Note [Direct all_reduce] (Note [Direct collectives]); false sends every rank down the staged path.
 bool all_reduce_direct(ShmGroup& g, const Call& c) {
   const int world = g.world(), me = g.rank();
@@ -112,34 +129,30 @@ bool rings(ShmGroup& g, const Call& c) {
 // Note [Ring through the slots].
 void all_reduce_ring(ShmGroup& g, const Call& c) {
   const int world = g.world(), me = g.rank(), next = (me + 1) % world;
-  const size_t es = element_size(c.dtype);
+  const size_t es = element_size(c.dtype), bytes = c.count * es;
   const auto* in = static_cast<const uint8_t*>(c.in);
   auto* out = static_cast<uint8_t*>(c.out);
   auto& srcs = source_list(world);
-  const size_t line = 64 / es, fit = std::min(g.slot_bytes(), kRingRoundBytes / size_t(world)) / es;
-  const size_t part = fit >= line ? fit / line * line : fit;
-  const size_t per_round = part * size_t(world);
-  const size_t rounds = rounds_for(c.count, per_round);
-  const bool stream = c.count * es >= kStreamMinBytes && c.in != c.out;  // Note [Streaming stores]
-  auto part_begin = [&](size_t k, int q) {
-    return k * per_round + in_round(c.count, per_round, k) * size_t(q) / size_t(world);
-  };
-  SlotStores stores = g.slot_stores(c.kind, c.count * es);  // Note [Streaming into the slots]
-  const uint32_t base = g.phase();                          // round k's step s is phase base + 1 + k W + s
+  const RoundParts parts(c.count, std::min(g.slot_bytes(), kRingRoundBytes / size_t(world)) / es, es, world);
+  const size_t rounds = parts.rounds();
+  const bool stream = bytes >= kStreamMinBytes && c.in != c.out;  // Note [Streaming stores]
+  SlotStores stores = g.slot_stores(c.kind, bytes);               // Note [Streaming into the slots]
+  const uint32_t base = g.phase();                                // round k's step s is phase base + 1 + k W + s
   const int prev = (me + world - 1) % world;
   for (size_t k = 0; k <= rounds; ++k) {
-    if (k >= 1) g.wait_all(base + uint32_t(k * size_t(world)));  // the previous round is folded
-    if (k >= 1)  // the previous round's parts, each whole in the slot of its last folder
+    if (k >= 1) {  // the previous round's parts, each whole in the slot of its last folder
+      g.wait_all(base + uint32_t(k * size_t(world)));
       for (int q = 0; q < world; ++q) {
         if (q == me) continue;  // my slot's part I folded last, and kept
         const int p = (q + world - 1) % world;
-        const size_t b = part_begin(k - 1, p), e = part_begin(k - 1, p + 1);
+        const size_t b = parts.begin(k - 1, p), e = parts.begin(k - 1, p + 1);
         copy_out(out + b * es, g.read_slot(q), (e - b) * es, stream);
       }
+    }
     if (k == rounds) break;
     for (int s = 0; s < world; ++s) {
       const int p = (me + s) % world;
-      const size_t b = part_begin(k, p), e = part_begin(k, p + 1);
+      const size_t b = parts.begin(k, p), e = parts.begin(k, p + 1);
       const uint32_t n = base + 1 + uint32_t(k * size_t(world)) + uint32_t(s);
       if (s == 1 && k >= 1) {  // my slot held a whole part, which every rank copied out
         g.wait_all(n - 1);
@@ -164,7 +177,7 @@ void all_reduce_ring(ShmGroup& g, const Call& c) {
       }
     }
   }
-  g.slot_stores_done(stores, c.count * es);
+  g.slot_stores_done(stores, bytes);
 }
 }  // namespace
 
@@ -205,22 +218,16 @@ void all_reduce(ShmGroup& g, const Call& c) {
   // Slot layout: [inputs of the round: W parts][my folded part of the previous round].
   // Parts start on cache lines (as far as the slot allows), so no store splits a line.
   const size_t round_bytes = std::min(g.slot_bytes(), std::max(g.chunk_bytes(), kGroupRoundBytes / size_t(world)));
-  const size_t line = 64 / es, fit = round_bytes / ((size_t(world) + 1) * es);
-  const size_t part = fit >= line ? fit / line * line : fit;
-  const size_t per_round = part * size_t(world);
-  const size_t folded_at = per_round * es;
-  const size_t rounds = rounds_for(c.count, per_round);
+  const RoundParts parts(c.count, round_bytes / ((size_t(world) + 1) * es), es, world);
+  const size_t per_round = parts.per_round, folded_at = per_round * es, rounds = parts.rounds();
   const bool stream = bytes >= kStreamMinBytes && c.in != c.out;  // Note [Streaming stores]
-  auto part_begin = [&](size_t k, int q) {
-    return k * per_round + in_round(c.count, per_round, k) * size_t(q) / size_t(world);
-  };
-  SlotStores stores = g.slot_stores(c.kind, bytes);  // Note [Streaming into the slots]
+  SlotStores stores = g.slot_stores(c.kind, bytes);               // Note [Streaming into the slots]
   for (size_t k = 0; k <= rounds; ++k) {
     if (k < rounds) {
       uint8_t* slot = g.write_slot();
       for (int q = 0; q < world; ++q) {
         if (q == me) continue;
-        const size_t b = part_begin(k, q), e = part_begin(k, q + 1);
+        const size_t b = parts.begin(k, q), e = parts.begin(k, q + 1);
         copy_out(slot + (b - k * per_round) * es, in + b * es, (e - b) * es, stores.stream());
       }
     }
@@ -230,11 +237,11 @@ void all_reduce(ShmGroup& g, const Call& c) {
     if (k >= 1 && gets_result)
       for (int q = 0; q < world; ++q) {  // the others' folded parts of the previous round
         if (q == me) continue;
-        const size_t b = part_begin(k - 1, q), e = part_begin(k - 1, q + 1);
+        const size_t b = parts.begin(k - 1, q), e = parts.begin(k - 1, q + 1);
         copy_out(out + b * es, g.read_slot(q) + folded_at, (e - b) * es, stream);
       }
     if (k < rounds) {  // fold my part: publish it, and keep it in the same pass
-      const size_t b = part_begin(k, me), e = part_begin(k, me + 1);
+      const size_t b = parts.begin(k, me), e = parts.begin(k, me + 1);
       for (int p = 0; p < world; ++p)
         srcs[size_t(p)] = p == me ? in + b * es : g.read_slot(p) + (b - k * per_round) * es;
       reduce::reduce(c.dtype, c.op, srcs.data(), world, g.write_slot() + folded_at, e - b,
