@@ -71,10 +71,11 @@ std::vector<SweepConfig> configs() {
       const std::vector<DataType> widths = {DataType::Int8, DataType::BFloat16, DataType::Float32, DataType::Int64};
       for (int w : {1, 2, 3, 4, 7}) {
         out.push_back({"shm", w, 512, {0, 1, 17, 4099}});  // many rounds through a tiny slot
-        // inline, one-shot, pipelined (seven ranks, on two cores twice the time of four: one
-        // type of each width at the large count)
+        // inline, one-shot, pipelined. Four and seven ranks take one type of each width at the
+        // large count: three ranks on two cores already take every type through the paths of
+        // more ranks than cores (the ring, the deep slots), at a third of seven's time.
         out.push_back({"shm", w, 0, {0, 1, 4099, (1u << (20 - kLargeShift)) + 3}});
-        if (w == 7) out.back().large_types = widths;
+        if (w >= 4) out.back().large_types = widths;
       }
       out.push_back({"shm", 3, 512, {0, 1, 17, 4099}, true});  // three ranks sharing one core
       // Large enough (4 MiB per rank) that the all_reduces of 2-byte types and wider, and the
