@@ -72,8 +72,8 @@ std::vector<SweepConfig> configs() {
       for (int w : {1, 2, 3, 4, 7}) {
         out.push_back({"shm", w, 512, {0, 1, 17, 4099}});  // many rounds through a tiny slot
         // inline, one-shot, pipelined. Four and seven ranks take one type of each width at the
-        // large count: three ranks on two cores already take every type through the paths of
-        // more ranks than cores (the ring, the deep slots), at a third of seven's time.
+        // large count: on two cores three ranks already take every type there through the paths
+        // of more ranks than cores (the ring, the deep slots).
         out.push_back({"shm", w, 0, {0, 1, 4099, (1u << (20 - kLargeShift)) + 3}});
         if (w >= 4) out.back().large_types = widths;
       }
