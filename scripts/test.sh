@@ -12,7 +12,16 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 # nproc obeys OMP_NUM_THREADS, which the tests set to 1: count the cores without it.
 jobs=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 build=${1:-"$root/build"}
-elapsed() { echo "== $1 after $((SECONDS / 60)) min $((SECONDS % 60)) s"; }  # where CI's time goes
+# Where CI's time goes: the time so far, and how busy the cores were since the last such line (the
+# stages are bound by the cores' time where they are near 100%, and only there).
+read -r _ busy_then idle_then < <(awk '/^cpu /{print "x", $2 + $3 + $4 + $7 + $8 + $9, $5 + $6}' /proc/stat)
+elapsed() {
+  local busy idle
+  read -r _ busy idle < <(awk '/^cpu /{print "x", $2 + $3 + $4 + $7 + $8 + $9, $5 + $6}' /proc/stat)
+  echo "== $1 after $((SECONDS / 60)) min $((SECONDS % 60)) s" \
+    "(the cores busy $(((busy - busy_then) * 100 / (busy - busy_then + idle - idle_then + 1)))% of the time since the last line)"
+  busy_then=$busy idle_then=$idle
+}
 
 "$root/scripts/install-deps.sh"  # Debian packages, and torch 2.13 in .venv (which CMake finds)
 # A compiler cache for the builds this script starts (CMake reads these when it first configures a

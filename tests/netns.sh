@@ -7,6 +7,8 @@
 #   host_kill I         kills every process of host I (as a dead machine)
 #   host_cut I / host_mend I   takes host I's link down (cut off: packets vanish) / up again
 #   in_host NS NAME CMD...   runs CMD in namespace NS under hostname NAME
+#   in_host_own_shm NS NAME LEFT CMD...   the same, with a /dev/shm of its own, whose chorus
+#                       segments left at CMD's exit are listed in the file LEFT
 #   hosts_report        every process left on the hosts and where its threads wait
 # Both exit 77 (skipped) where namespaces cannot be made (no root, no iproute2 or util-linux) and
 # remove everything again at exit.
@@ -95,4 +97,15 @@ in_host() {
   local ns=$1 name=$2
   shift 2
   ip netns exec "$ns" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$name" "$@"
+}
+
+# in_host_own_shm NS NAME LEFT CMD...: in_host, with a /dev/shm of CMD's own (as on a machine of its
+# own: nothing another test or host puts there is seen), and when CMD exits, the chorus segments
+# still there listed in the file LEFT. CMD's exit code is the exit code.
+in_host_own_shm() {
+  local ns=$1 name=$2 left=$3
+  shift 3
+  ip netns exec "$ns" unshare --uts --mount sh -c \
+    'mount -t tmpfs -o mode=1777 tmpfs /dev/shm && hostname "$0" || exit 1
+     left=$1; shift; "$@"; code=$?; ls /dev/shm | grep "^chorus-" > "$left"; exit $code' "$name" "$left" "$@"
 }
