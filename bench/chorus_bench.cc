@@ -82,6 +82,7 @@ struct Options {
   bool check_last = false;  // only each size's last call
   bool csv = false;
   bool symmetric = false;
+  bool last_rank = false;                 // each call's time is its slowest rank's
   int step_matmul = 0, step_threads = 2;  // a step's compute before every call (bench/step_load.cc)
 };
 
@@ -230,6 +231,9 @@ int worker(const Options& o) {
           }
         }
       }
+      // A call is done when its last rank is: a broadcast's root may leave long before its readers.
+      if (o.last_rank && !us.empty())
+        comm->all_reduce(us.data(), us.data(), us.size(), DataType::Float64, ReduceOp::Max);
       // Every rank's verdict counts.
       int32_t bad = ok ? 0 : 1;
       comm->all_reduce(&bad, &bad, 1, DataType::Int32, ReduceOp::Sum);
@@ -292,6 +296,9 @@ int main(int argc, char** argv) {
   app.add_flag("--check-last", o.check_last,
                "verify only each size's last call (no work between the timed calls but the fresh input, as in "
                "bench/mpi_tail.c)");
+  app.add_flag("--last-rank", o.last_rank,
+               "time each call on the rank that finished it last (default: rank 0's time; a broadcast's root may "
+               "return before the others have the data)");
   app.add_flag("--csv", o.csv, "CSV output");
   app.add_flag("--symmetric", o.symmetric,
                "buffers in the group's symmetric memory (Communicator::alloc_symmetric) instead of ordinary memory");

@@ -13,7 +13,11 @@
    libchorus_step_load), each rank runs chorus-bench's step before every call: an N x N float
    matmul on --step-threads (2) intra-op threads of torch (bench/step_load.cc).
    --max-bytes N leaves out the sizes above N (bench/states.py times the small ones only).
-   Build: mpicc -O2 mpi_tail.c -o mpi_tail; run: mpirun -np N mpi_tail [--fresh] [--step-matmul N] [--max-bytes N]
+   With --last-rank each call's time is that of the rank that finished it last (chorus-bench
+   --last-rank), not rank 0's: a broadcast's root returns once its message is handed on, which in
+   Open MPI's chain is long before the chain's end has it.
+   Build: mpicc -O2 mpi_tail.c -o mpi_tail; run: mpirun -np N mpi_tail [--fresh] [--last-rank] [--step-matmul N]
+   [--max-bytes N]
    Prints: op bytes median_us p95_us mean_us */
 #include <mpi.h>
 #include <stdio.h>
@@ -66,11 +70,13 @@ int main(int argc, char** argv) {
   int rank, world;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  int fresh = 0, step_matmul = 0, step_threads = 2;
+  int fresh = 0, last_rank = 0, step_matmul = 0, step_threads = 2;
   long max_bytes = 64 << 20;
   for (int a = 1; a < argc; a++) {
     if (strcmp(argv[a], "--fresh") == 0)
       fresh = 1;
+    else if (strcmp(argv[a], "--last-rank") == 0) /* each call's time is its slowest rank's */
+      last_rank = 1;
     else if (strcmp(argv[a], "--max-bytes") == 0 && a + 1 < argc)
       max_bytes = atol(argv[++a]);
     else if (strcmp(argv[a], "--step-matmul") == 0 && a + 1 < argc)
@@ -117,6 +123,7 @@ int main(int argc, char** argv) {
         if (i >= 0) times[i] = (MPI_Wtime() - t) * 1e6;
         MPI_Barrier(MPI_COMM_WORLD);
       }
+      if (last_rank) MPI_Allreduce(MPI_IN_PLACE, times, iters, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
       if (rank == 0) report(kNames[op], bytes, times, iters);
     }
     free(x);
