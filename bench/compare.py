@@ -36,11 +36,11 @@ get OMP_WAIT_POLICY=PASSIVE from its launcher as chorusrun's do (Note [Threads o
 the cores]); mpirun sets nothing, and Open MPI runs a second time with the same setting (column
 mpi_passive, printed apart).
 
-Each call is timed on rank 0, as Open MPI's own benchmarks and mpi_collectives.c time it. For a
-broadcast that is its root's time, which leaves once its message is handed on: Open MPI 4.1's
-fixed rules send a message of 1 MiB and more to 4-7 ranks down one unsegmented chain (rank 1 reads
-the whole message out of the root's buffer, then rank 2 out of rank 1's, and so on), so its root
-returns after one copy and the chain's end has the data three copies later. --last-rank times
+Each call is timed on rank 0, as mpi_collectives.c times it. For a broadcast that is its root's
+time, which leaves once its message is handed on: Open MPI 4.1's fixed rules send a message of 1
+MiB and more to 4-7 ranks down one unsegmented chain (rank 1 reads the whole message out of the
+root's buffer, then rank 2 out of rank 1's, and so on), so its root returns after one copy and the
+chain's end has the data three copies later. --last-rank times
 each call on the rank that finished it last instead (chorus-bench and mpi_tail.c --last-rank),
 against mpi_fresh only: when the collective is done for every rank.
 
@@ -211,11 +211,13 @@ def main():
     for world in runner.worlds(args):
         ops = OPS
         runs = {"chorus": [], "chorus_sym": [], "mpi_fresh": []}
-        if not args.load and not args.last_rank:
+        # Open MPI as programs call it and the gloo peer time rank 0, unloaded: beside rank 0's tables only.
+        rank0_peers = not args.load and not args.last_rank
+        if rank0_peers:
             runs["mpi"] = []
         if args.load == "matmul":
             runs["mpi_passive"] = []
-        with_gloo = str(world) in args.gloo_np.split(",") and not args.load and not args.last_rank
+        with_gloo = str(world) in args.gloo_np.split(",") and rank0_peers
         if with_gloo:
             runs["gloo"] = []
         floors, pairs, models = [], [], []

@@ -14,10 +14,11 @@ jobs=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 build=${1:-"$root/build"}
 # Where CI's time goes: the time so far, and how busy the cores were since the last such line (the
 # stages are bound by the cores' time where they are near 100%, and only there).
-read -r _ busy_then idle_then < <(awk '/^cpu /{print "x", $2 + $3 + $4 + $7 + $8 + $9, $5 + $6}' /proc/stat)
+cpu_ticks() { awk '/^cpu /{print $2 + $3 + $4 + $7 + $8 + $9, $5 + $6}' /proc/stat; }  # busy, idle
+read -r busy_then idle_then < <(cpu_ticks)
 elapsed() {
   local busy idle
-  read -r _ busy idle < <(awk '/^cpu /{print "x", $2 + $3 + $4 + $7 + $8 + $9, $5 + $6}' /proc/stat)
+  read -r busy idle < <(cpu_ticks)
   echo "== $1 after $((SECONDS / 60)) min $((SECONDS % 60)) s" \
     "(the cores busy $(((busy - busy_then) * 100 / (busy - busy_then + idle - idle_then + 1)))% of the time since the last line)"
   busy_then=$busy idle_then=$idle
