@@ -45,6 +45,21 @@
 // Beside the CPU-bound process chorus's 1 MiB broadcast then kept its p95 clear of a slice in 4
 // runs of 4 (65-73 us, against 3.7-3.8 ms in 2 of 2 with the old fills); Open MPI's, 2-4 times
 // slower a call, was one in 2 of the 4 (docs/performance.md, "The same fill on both sides").
+//
+// Note [Warm buffers]: memory a process has not used for a while is slow on these VMs for its
+// first milliseconds of use, whoever uses it. One process copying 1 MiB between two fresh
+// buffers, over and over (a memcpy, no chorus): 59-75 us a copy over the first 30 copies, 30-36
+// from the 120th on; 16 MiB, 3.1 ms over the first 4 and 2.2-2.6 from the 13th. Every size here
+// runs on buffers of its own, and three untimed calls left most of a 1 MiB measurement on such
+// pages: W=2, 1 MiB all_gather, means of 20 calls in one run, 215 164 159 138 ... 103-122 us.
+// It struck the benchmarks unevenly: bench/mpi_tail.c times every op of a size before the next
+// size, on one input, so its all_gather ran on an input that 53 all_reduce calls had already
+// warmed; chorus-bench, op by op, met it fresh. Same session, 3 untimed calls against 100, W=2,
+// 1 MiB, median us, three interleaved runs: chorus's all_gather 182-256 against 114-129, Open
+// MPI's 193-209 against 169-178; all_reduce 149-207 against 95-99 (Open MPI 270-273 against
+// 207-218 in its fast state). So both take as many untimed calls as timed ones up to 16 MiB
+// (default_warmup(); the larger sizes take a few ms a call and are past it after the first
+// three), and measure the calls a training loop makes, on buffers it keeps.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -76,7 +91,7 @@ struct Options {
   std::string min_bytes = "8", max_bytes = "64M", sizes;
   double factor = 2;
   std::string dtype = "f32";
-  int iters = 0, warmup = 3;
+  int iters = 0, warmup = -1;  // -1: default_warmup()
   size_t chunk_bytes = 0;
   bool check = true;
   bool check_last = false;  // only each size's last call
@@ -121,6 +136,8 @@ DataType parse_dtype(const std::string& s) {
 }
 
 int default_iters(size_t bytes) { return bytes <= 65536 ? 200 : bytes <= (1u << 20) ? 50 : 10; }
+// Note [Warm buffers]: as many untimed calls as timed ones up to 16 MiB, then 3 (bench/mpi_tail.c's rule too).
+int default_warmup(size_t bytes) { return bytes <= (16u << 20) ? default_iters(bytes) : 3; }
 
 double percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
@@ -192,7 +209,7 @@ int worker(const Options& o) {
   for (const auto& name : split(o.ops)) {
     if (name == "barrier") {
       const int iters = o.iters ? o.iters : 1000;
-      for (int i = 0; i < o.warmup; ++i) comm->barrier();
+      for (int i = 0; i < (o.warmup >= 0 ? o.warmup : 10); ++i) comm->barrier();  // as bench/mpi_tail.c's
       std::vector<double> us;
       for (int i = 0; i < iters; ++i) {
         auto t0 = Clock::now();
@@ -211,10 +228,11 @@ int worker(const Options& o) {
       Buffers b(o.symmetric ? comm.get() : nullptr);
       op.allocate(b, count, dt, world);
       const int iters = o.iters ? o.iters : default_iters(bytes);
+      const int warmup = o.warmup >= 0 ? o.warmup : default_warmup(bytes);
       std::vector<double> us;
       bool ok = true;
-      for (int i = -o.warmup; i < iters; ++i) {
-        op.fill(b, count, dt, rank, world, i + o.warmup);
+      for (int i = -warmup; i < iters; ++i) {
+        op.fill(b, count, dt, rank, world, i + warmup);
         step(o);
         comm->barrier();
         auto t0 = Clock::now();
@@ -223,7 +241,7 @@ int worker(const Options& o) {
         if (i >= 0) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
         comm->barrier();  // Note [Quiet between calls]
         if (o.check && (!o.check_last || i + 1 == iters)) {
-          std::string why = op.verify(b, count, dt, rank, world, i + o.warmup);
+          std::string why = op.verify(b, count, dt, rank, world, i + warmup);
           if (!why.empty()) {
             std::fprintf(stderr, "chorus-bench: rank %d: %s of %zu bytes: %s\n", rank, name.c_str(), bytes,
                          why.c_str());
@@ -284,7 +302,9 @@ int main(int argc, char** argv) {
   app.add_option("--sizes", o.sizes, "explicit comma-separated sizes instead of the sweep");
   app.add_option("-d,--dtype", o.dtype, "f32 f64 f16 bf16 i8 u8 i16 i32 i64 bool");
   app.add_option("--iters", o.iters, "timed iterations per size (default: 200 up to 64K, 50 up to 1M, then 10)");
-  app.add_option("-w,--warmup", o.warmup, "untimed iterations first");
+  app.add_option("-w,--warmup", o.warmup,
+                 "untimed iterations first (default: as many as timed up to 16M, then 3; 10 barriers)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--chunk-bytes", o.chunk_bytes, "shared-memory slot size (default: CHORUS_SHM_CHUNK_BYTES or 512K)");
   app.add_option("--step-matmul", o.step_matmul,
                  "before every call, an N x N float matmul on --step-threads intra-op threads, as a training "

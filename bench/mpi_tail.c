@@ -1,6 +1,6 @@
 /* Open MPI's collectives timed one call at a time, for bench/compare.py: rank 0's median and 95th
-   percentile per op and size, with chorus-bench's iteration counts, percentile rule and barriers
-   before and after each call (peers/mpi_collectives.c prints medians only).
+   percentile per op and size, with chorus-bench's iteration and warm-up counts, percentile rule
+   and barriers before and after each call (peers/mpi_collectives.c prints medians only).
    With --fresh, each rank writes its input before every call, as chorus-bench does (and a
    broadcast's receivers overwrite their buffer): a training step's tensors are always new. The
    anchor never writes its buffers again, so from the second call on a peer's data is already in
@@ -109,9 +109,10 @@ int main(int argc, char** argv) {
     const long bytes = sizes[s], count = bytes / 4 > 0 ? bytes / 4 : 1;
     float *x = calloc(count, 4), *y = calloc(count, 4), *g = calloc(count * world, 4);
     const int iters = bytes <= 65536 ? 200 : bytes <= (1 << 20) ? 50 : 10;
+    const int warmup = bytes <= (16 << 20) ? iters : 3;  // untimed: chorus-bench's Note [Warm buffers]
     for (int op = kAllReduce; op <= kBroadcast; op++) {
-      for (int i = -3; i < iters; i++) {  // 3 untimed
-        if (fresh) write_input(op, rank, i + 3, x, count);
+      for (int i = -warmup; i < iters; i++) {
+        if (fresh) write_input(op, rank, i + warmup, x, count);
 #ifdef CHORUS_STEP_LOAD
         if (step_matmul) chorus_step_load_run();
 #endif

@@ -14,7 +14,7 @@ Way WayChoice::choose(unsigned allowed) {
   if (call <= 2 * n) return ways[(call - 1) / 2];  // each way twice
   if (trying_ && (allowed & way_bit(tried_))) {    // a trial is two calls: the first is not counted
     trying_ = false;
-    schedule(tried_);
+    schedule(tried_, 1);  // this call's time comes in after it
     return tried_;
   }
   trying_ = false;
@@ -64,9 +64,18 @@ double WayChoice::cost(Way w) const {
   return best;
 }
 
-void WayChoice::schedule(Way w) {
+size_t WayChoice::timed(Way w) const {
+  size_t n = 0;
+  for (double t : kept_[int(w)].times) n += t > 0;
+  return n;
+}
+
+void WayChoice::schedule(Way w, size_t pending) {
   const double slower = std::max(1.0, cost(w) / cost(use_));
-  next_try_[int(w)] = decided_ + std::clamp(uint64_t(2 * (slower - 1) / kTryShare), kTryLeast, kTryMost);
+  // Timed once: perhaps on buffers still warming up (Note [Streaming into the slots]); once more soon.
+  const uint64_t gap =
+      timed(w) + pending < 2 ? kTryLeast : std::clamp(uint64_t(2 * (slower - 1) / kTryShare), kTryLeast, kTryMost);
+  next_try_[int(w)] = decided_ + gap;
 }
 
 }  // namespace chorus::shm

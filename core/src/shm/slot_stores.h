@@ -36,7 +36,12 @@
 // noticed within kKept calls if it slows the way in use; to notice one that speeds up another
 // way, each other way is tried for two calls now and then, the more rarely the slower it was, so
 // that trials cost about kTryShare of the time (schedule(): a way 15% slower is tried every 15
-// calls, twice as slow every 100, ten times every 900). Trials at a fixed two calls in 32 (6%)
+// calls, twice as slow every 100, ten times every 900), but a way timed only once is tried again
+// after kTryLeast calls: the first calls of a size run on buffers still warming up (memory
+// a process has not used for a while is slow for its first milliseconds, Note [Warm buffers] in
+// bench/chorus_bench.cc), and a way timed once there is judged on that call (W=2, 1 MiB
+// all_gather: normal stores timed once, on the second call, at up to 2.3x what they took 15 calls
+// later, and not tried again in the 50 calls after). Trials at a fixed two calls in 32 (6%)
 // were the slowest 5% of calls wherever the other way was much slower, and made chorus's tail:
 // W=2, 2 threads of matmul between calls (compare.py --load matmul), a 1 MiB broadcast's p95 took
 // 426-433 us against a median of 41-42 (Open MPI's p95: 198-200), and 48-50 us with the way fixed
@@ -120,8 +125,10 @@ class WayChoice {
   // The fastest of the kept times: a call is only ever slowed (a preemption, an interrupt), so the
   // fastest of a few says what the way costs; 0 when none was timed yet.
   double cost(Way w) const;
-  // Sets when way `w` is tried next (Note [Streaming into the slots]).
-  void schedule(Way w);
+  size_t timed(Way w) const;  // how many times of way w are kept (at most kKept)
+  // Sets when way `w` is tried next (Note [Streaming into the slots]); `pending` of its calls are
+  // not timed yet.
+  void schedule(Way w, size_t pending = 0);
   Kept kept_[kWays];
   uint64_t next_try_[kWays] = {};  // the call that starts the next trial of each way; 0: none set
   uint64_t decided_ = 1;           // the call last decided (the first goes the first allowed way)
