@@ -51,7 +51,8 @@
 // buffers, over and over (a memcpy, no chorus): 59-75 us a copy over the first 30 copies, 30-36
 // from the 120th on; 16 MiB, 3.1 ms over the first 4 and 2.2-2.6 from the 13th. Every size here
 // runs on buffers of its own, and three untimed calls left most of a 1 MiB measurement on such
-// pages: W=2, 1 MiB all_gather, means of 20 calls in one run, 215 164 159 138 ... 103-122 us.
+// pages: W=2, 1 MiB all_gather (normal stores), means of 20 calls in one run, 215 164 159 138 ...
+// 103-122 us.
 // It struck the benchmarks unevenly: bench/mpi_tail.c times every op of a size before the next
 // size, on one input, so its all_gather ran on an input that 53 all_reduce calls had already
 // warmed; chorus-bench, op by op, met it fresh. Same session, 3 untimed calls against 100, W=2,
