@@ -194,9 +194,6 @@ TEST(ShmGroups, RankZeroStreamsIntoTheSlotsWhereThatWasFaster) {
   EXPECT_EQ(choice.choose(stores), Way::kNormal);
 }
 
-// Note [Single-copy collectives] as a third way: tried after the two ways of storing, taken where
-// it is the fastest, and each other way tried as often as its cost says; one allowed way is no
-// choice at all.
 // A way timed once, on buffers still warming up (bench/chorus_bench.cc's Note [Warm buffers]),
 // is timed again soon, and taken where it is the faster.
 TEST(ShmGroups, RankZeroTimesAgainAWayItTimedOnce) {
@@ -213,6 +210,9 @@ TEST(ShmGroups, RankZeroTimesAgainAWayItTimedOnce) {
   EXPECT_EQ(not_going(went, Way::kNormal), (std::vector<int>{3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 16}));
 }
 
+// Note [Single-copy collectives] as a third way: tried after the two ways of storing, taken where
+// it is the fastest, and each other way tried as often as its cost says; one allowed way is no
+// choice at all.
 TEST(ShmGroups, RankZeroReadsThePeersWhereThatWasFaster) {
   using shm::Way;
   const unsigned all = shm::way_bit(Way::kNormal) | shm::way_bit(Way::kStream) | shm::way_bit(Way::kSingleCopy);
