@@ -14,7 +14,7 @@ Way WayChoice::choose(unsigned allowed) {
   if (call <= 2 * n) return ways[(call - 1) / 2];  // each way twice
   if (trying_ && (allowed & way_bit(tried_))) {    // a trial is two calls: the first is not counted
     trying_ = false;
-    schedule(tried_, 1);  // this call's time comes in after it
+    next_try_[int(tried_)] = decided_ + kTryLeast;  // for now: took() sets it once this call's time is in
     return tried_;
   }
   trying_ = false;
@@ -55,6 +55,7 @@ void WayChoice::took(Way w, double per_byte) {
   if (first || changed) return;
   Kept& k = kept_[int(w)];
   k.times[k.next++ % kKept] = per_byte;
+  if (settled_ && w != use_) schedule(w);  // a trial's time: the next trial goes by it
 }
 
 double WayChoice::cost(Way w) const {
@@ -70,11 +71,13 @@ size_t WayChoice::timed(Way w) const {
   return n;
 }
 
-void WayChoice::schedule(Way w, size_t pending) {
-  const double slower = std::max(1.0, cost(w) / cost(use_));
+void WayChoice::schedule(Way w) {
+  const double in_use = cost(use_);  // 0 where the way in use was not timed yet (the ways allowed changed)
+  const double slower = in_use > 0 ? std::max(1.0, cost(w) / in_use) : 1.0;
   // Timed once: perhaps on buffers still warming up (Note [Streaming into the slots]); once more soon.
-  const uint64_t gap =
-      timed(w) + pending < 2 ? kTryLeast : std::clamp(uint64_t(2 * (slower - 1) / kTryShare), kTryLeast, kTryMost);
+  const uint64_t gap = timed(w) < 2
+                           ? kTryLeast
+                           : uint64_t(std::clamp(2 * (slower - 1) / kTryShare, double(kTryLeast), double(kTryMost)));
   next_try_[int(w)] = decided_ + gap;
 }
 

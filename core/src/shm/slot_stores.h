@@ -41,7 +41,11 @@
 // a process has not used for a while is slow for its first milliseconds, Note [Warm buffers] in
 // bench/chorus_bench.cc), and a way timed once there is judged on that call (W=2, 1 MiB
 // all_gather: normal stores timed once, on the second call, at up to 2.3x what they took 15 calls
-// later, and not tried again in the 50 calls after). Trials at a fixed two calls in 32 (6%)
+// later, and not tried again in the 50 calls after). When a trial is next is set when its own
+// time comes in, a call after its last call is decided: set from the times before it, the gap
+// went by the cold calls it was meant to look past (W=2, 1 MiB all_gather: normal stores at 350
+// us on the second call, 231 on their trial 15 calls later, tried next 68 calls after that, where
+// they took 137 against the single copy's 170-190). Trials at a fixed two calls in 32 (6%)
 // were the slowest 5% of calls wherever the other way was much slower, and made chorus's tail:
 // W=2, 2 threads of matmul between calls (compare.py --load matmul), a 1 MiB broadcast's p95 took
 // 426-433 us against a median of 41-42 (Open MPI's p95: 198-200), and 48-50 us with the way fixed
@@ -126,9 +130,8 @@ class WayChoice {
   // fastest of a few says what the way costs; 0 when none was timed yet.
   double cost(Way w) const;
   size_t timed(Way w) const;  // how many times of way w are kept (at most kKept)
-  // Sets when way `w` is tried next (Note [Streaming into the slots]); `pending` of its calls are
-  // not timed yet.
-  void schedule(Way w, size_t pending = 0);
+  // Sets when way `w` is tried next (Note [Streaming into the slots]), from its times so far.
+  void schedule(Way w);
   Kept kept_[kWays];
   uint64_t next_try_[kWays] = {};  // the call that starts the next trial of each way; 0: none set
   uint64_t decided_ = 1;           // the call last decided (the first goes the first allowed way)
