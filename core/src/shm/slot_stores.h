@@ -41,12 +41,13 @@
 // a process has not used for a while is slow for its first milliseconds, Note [Warm buffers] in
 // bench/chorus_bench.cc), and a way timed once there is judged on that call (W=2, 1 MiB
 // all_gather: normal stores timed once, on the second call, at up to 2.3x what they took 15 calls
-// later, and not tried again in the 50 calls after). When a trial is next is set when its own
-// time comes in, a call after its last call is decided: set from the times before it, the gap
-// went by the cold calls it was meant to look past (W=2, 1 MiB all_gather: normal stores at 350
-// us on the second call, 231 on their trial 15 calls later, tried next 68 calls after that, where
-// they took 137 against the single copy's 170-190). Trials at a fixed two calls in 32 (6%)
-// were the slowest 5% of calls wherever the other way was much slower, and made chorus's tail:
+// later, and not tried again in the 50 calls after). The next trial is set once a trial's own
+// time is in, a call after its last call was decided (took()): set from the times before the
+// trial, as it was, the gap followed the cold calls the trial was there to look past (W=2, 1 MiB
+// all_gather: normal stores at 350 us on the second call, 231 on their trial 15 calls later, tried
+// next 68 calls after that, where they took 137 against the single copy's 170-250). Trials at a
+// fixed two calls in 32 (6%) were the slowest 5% of calls wherever the other way was much slower,
+// and made chorus's tail:
 // W=2, 2 threads of matmul between calls (compare.py --load matmul), a 1 MiB broadcast's p95 took
 // 426-433 us against a median of 41-42 (Open MPI's p95: 198-200), and 48-50 us with the way fixed
 // by CHORUS_SHM_STREAM_SLOTS=1. And a way close to the one in use is tried often, so that its
@@ -119,6 +120,7 @@ class WayChoice {
   // pays for first touches (page faults, cold caches) whichever way it goes, and a call that went
   // another way than the call before, which finds the slots as that way left them (W=2, 1 MiB
   // all_gather: the first call with normal stores after streaming ones took 98-115 us, the next ones 128-144).
+  // A trial's time also sets when its way is tried next (schedule()).
   void took(Way w, double per_byte);
 
  private:
