@@ -61,6 +61,18 @@
 // 207-218 in its fast state). So both take as many untimed calls as timed ones up to 16 MiB
 // (default_warmup(); the larger sizes take a few ms a call and are past it after the first
 // three), and measure the calls a training loop makes, on buffers it keeps.
+//
+// Note [A p95 beside busy cores]: beside a CPU-bound process the rank that shares its core is
+// preempted for a time slice (3.5-4 ms) every 8 ms or so (Note [The same fill on both sides]),
+// and a call that meets one takes the slice. 50 calls of 1 MiB (about 0.3 ms a loop each, fill
+// and barriers included) span two or three slices, so their p95, the third slowest call, is a
+// slice or not by whether a third call met one: in three compare.py --load runs over two sessions,
+// chorus's 1 MiB all_gather's p95 was a slice in 7 runs of 9 and Open MPI's in 3 of 9, while the
+// two sides' means were alike (292-843 us against 319-698). With --tail both benchmarks time 400
+// calls up to 1 MiB, a p95 of 20 calls, which says what share of calls the slices catch, and 40
+// beyond, where a call of several ms spans slices by itself. W=2, 1 MiB all_gather, 400 calls,
+// three alternating runs beside the same process: chorus's p95 0.37-0.51 ms (means 289-384 us),
+// Open MPI's 4.37, 4.56 and 0.46 ms (means 351-915). compare.py --load passes --tail to both.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -96,6 +108,7 @@ struct Options {
   size_t chunk_bytes = 0;
   bool check = true;
   bool check_last = false;  // only each size's last call
+  bool tail = false;        // Note [A p95 beside busy cores]
   bool csv = false;
   bool symmetric = false;
   bool last_rank = false;                 // each call's time is its slowest rank's
@@ -136,8 +149,13 @@ DataType parse_dtype(const std::string& s) {
   throw InvalidArgument("unknown dtype '" + s + "': use f32 f64 f16 bf16 i8 u8 i16 i32 i64 bool");
 }
 
-int default_iters(size_t bytes) { return bytes <= 65536 ? 200 : bytes <= (1u << 20) ? 50 : 10; }
-// Note [Warm buffers]: as many untimed calls as timed ones up to 16 MiB, then 3 (bench/mpi_tail.c's rule too).
+// With `tail`, enough calls for a p95 that one time slice does not decide (Note [A p95 beside busy cores]).
+int default_iters(size_t bytes, bool tail = false) {
+  if (tail) return bytes <= (1u << 20) ? 400 : 40;
+  return bytes <= 65536 ? 200 : bytes <= (1u << 20) ? 50 : 10;
+}
+// Note [Warm buffers]: as many untimed calls as timed ones without --tail up to 16 MiB, then 3 (bench/mpi_tail.c's
+// rule too).
 int default_warmup(size_t bytes) { return bytes <= (16u << 20) ? default_iters(bytes) : 3; }
 
 double percentile(std::vector<double> v, double p) {
@@ -228,7 +246,7 @@ int worker(const Options& o) {
       const size_t count = op.count_for(bytes, dt, world);
       Buffers b(o.symmetric ? comm.get() : nullptr);
       op.allocate(b, count, dt, world);
-      const int iters = o.iters ? o.iters : default_iters(bytes);
+      const int iters = o.iters ? o.iters : default_iters(bytes, o.tail);
       const int warmup = o.warmup >= 0 ? o.warmup : default_warmup(bytes);
       std::vector<double> us;
       bool ok = true;
@@ -302,9 +320,12 @@ int main(int argc, char** argv) {
   app.add_option("-f,--step-factor", o.factor, "multiply the size by this between steps")->check(CLI::Range(1.01, 1e9));
   app.add_option("--sizes", o.sizes, "explicit comma-separated sizes instead of the sweep");
   app.add_option("-d,--dtype", o.dtype, "f32 f64 f16 bf16 i8 u8 i16 i32 i64 bool");
-  app.add_option("--iters", o.iters, "timed iterations per size (default: 200 up to 64K, 50 up to 1M, then 10)");
+  app.add_option("--iters", o.iters,
+                 "timed iterations per size (default: 200 up to 64K, 50 up to 1M, then 10; with --tail 400 up to 1M, "
+                 "then 40)");
   app.add_option("-w,--warmup", o.warmup,
-                 "untimed iterations first (default: as many as timed up to 16M, then 3; 10 barriers)")
+                 "untimed iterations first (default: as many as --iters' default without --tail up to 16M, then 3; "
+                 "10 barriers)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--chunk-bytes", o.chunk_bytes, "shared-memory slot size (default: CHORUS_SHM_CHUNK_BYTES or 512K)");
   app.add_option("--step-matmul", o.step_matmul,
@@ -317,6 +338,9 @@ int main(int argc, char** argv) {
   app.add_flag("--check-last", o.check_last,
                "verify only each size's last call (no work between the timed calls but the fresh input, as in "
                "bench/mpi_tail.c)");
+  app.add_flag("--tail", o.tail,
+               "time enough calls for a p95 that one time slice of a busy core does not decide (400 up to 1M, then "
+               "40; as bench/mpi_tail.c --tail)");
   app.add_flag("--last-rank", o.last_rank,
                "time each call on the rank that finished it last (default: rank 0's time; a broadcast's root may "
                "return before the others have the data)");

@@ -28,7 +28,8 @@ is work between the calls that, with more ranks than cores, slows the calls afte
 
 --load runs a CPU-bound process beside every benchmark (one core taken from the ranks) and prints
 the 95th percentile next to the median, chorus against Open MPI (bench/mpi_tail.c): how much a
-rank that spins loses when a core is not its own. --load matmul loads the ranks themselves, as a
+rank that spins loses when a core is not its own. Loaded, both time more calls (--tail: 400 up to
+1 MiB, 40 beyond), so that a p95 is not decided by whether a third call met a time slice. --load matmul loads the ranks themselves, as a
 training step does: before every call each rank multiplies two 256 x 256 float matrices on two
 intra-op threads of torch (bench/step_load.cc, the same code in chorus-bench and in mpi_tail.c),
 whose idle thread, by OpenMP's default, then polls on while the call runs. chorus-bench's ranks
@@ -198,6 +199,8 @@ def main():
         step = ["--step-matmul", str(STEP_MATMUL)]
     if args.last_rank:  # chorus-bench and mpi_tail both take it; mpi_collectives.c and the gloo peer do not
         step = step + ["--last-rank"]
+    if args.load:  # a p95 that one time slice does not decide (chorus-bench's Note [A p95 beside busy cores])
+        step = step + ["--tail"]
     tail_bin = runner.build_mpi_tail(args.out, step_flags)  # Open MPI on chorus-bench's workload, with p95
     runner.run(["gcc", "-O3", "-march=native", os.path.join(runner.PEERS, "membw.c"), "-o", membw_bin])
     pair_bin = os.path.join(args.out, "membw_pair")

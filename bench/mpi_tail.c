@@ -13,11 +13,13 @@
    libchorus_step_load), each rank runs chorus-bench's step before every call: an N x N float
    matmul on --step-threads (2) intra-op threads of torch (bench/step_load.cc).
    --max-bytes N leaves out the sizes above N (bench/states.py times the small ones only).
+   With --tail, 400 timed calls up to 1 MiB and 40 beyond, as chorus-bench --tail: a p95 beside a
+   busy core that one time slice does not decide (chorus-bench's Note [A p95 beside busy cores]).
    With --last-rank each call's time is that of the rank that finished it last (chorus-bench
    --last-rank), not rank 0's: a broadcast's root returns once its message is handed on, which in
    Open MPI's chain is long before the chain's end has it.
    Build: mpicc -O2 mpi_tail.c -o mpi_tail; run: mpirun -np N mpi_tail [--fresh] [--last-rank] [--step-matmul N]
-   [--max-bytes N]
+   [--max-bytes N] [--tail]
    Prints: op bytes median_us p95_us mean_us */
 #include <mpi.h>
 #include <stdio.h>
@@ -70,13 +72,15 @@ int main(int argc, char** argv) {
   int rank, world;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  int fresh = 0, last_rank = 0, step_matmul = 0, step_threads = 2;
+  int fresh = 0, last_rank = 0, tail = 0, step_matmul = 0, step_threads = 2;
   long max_bytes = 64 << 20;
   for (int a = 1; a < argc; a++) {
     if (strcmp(argv[a], "--fresh") == 0)
       fresh = 1;
     else if (strcmp(argv[a], "--last-rank") == 0) /* each call's time is its slowest rank's */
       last_rank = 1;
+    else if (strcmp(argv[a], "--tail") == 0) /* chorus-bench --tail: Note [A p95 beside busy cores] */
+      tail = 1;
     else if (strcmp(argv[a], "--max-bytes") == 0 && a + 1 < argc)
       max_bytes = atol(argv[++a]);
     else if (strcmp(argv[a], "--step-matmul") == 0 && a + 1 < argc)
@@ -108,8 +112,9 @@ int main(int argc, char** argv) {
   for (int s = 0; s < 6 && sizes[s] <= max_bytes; s++) {
     const long bytes = sizes[s], count = bytes / 4 > 0 ? bytes / 4 : 1;
     float *x = calloc(count, 4), *y = calloc(count, 4), *g = calloc(count * world, 4);
-    const int iters = bytes <= 65536 ? 200 : bytes <= (1 << 20) ? 50 : 10;
-    const int warmup = bytes <= (16 << 20) ? iters : 3;  // untimed: chorus-bench's Note [Warm buffers]
+    const int plain = bytes <= 65536 ? 200 : bytes <= (1 << 20) ? 50 : 10;
+    const int iters = tail ? (bytes <= (1 << 20) ? 400 : 40) : plain;
+    const int warmup = bytes <= (16 << 20) ? plain : 3;  // untimed: chorus-bench's Note [Warm buffers]
     for (int op = kAllReduce; op <= kBroadcast; op++) {
       for (int i = -warmup; i < iters; i++) {
         if (fresh) write_input(op, rank, i + warmup, x, count);
