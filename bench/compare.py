@@ -29,13 +29,13 @@ is work between the calls that, with more ranks than cores, slows the calls afte
 --load runs a CPU-bound process beside every benchmark (one core taken from the ranks) and prints
 the 95th percentile next to the median, chorus against Open MPI (bench/mpi_tail.c): how much a
 rank that spins loses when a core is not its own. Loaded, both time more calls (--tail: 400 up to
-1 MiB, 40 beyond), so that a p95 is not decided by whether a third call met a time slice. --load matmul loads the ranks themselves, as a
-training step does: before every call each rank multiplies two 256 x 256 float matrices on two
-intra-op threads of torch (bench/step_load.cc, the same code in chorus-bench and in mpi_tail.c),
-whose idle thread, by OpenMP's default, then polls on while the call runs. chorus-bench's ranks
-get OMP_WAIT_POLICY=PASSIVE from its launcher as chorusrun's do (Note [Threads of ranks that share
-the cores]); mpirun sets nothing, and Open MPI runs a second time with the same setting (column
-mpi_passive, printed apart).
+1 MiB, 40 beyond), so that a p95 is not decided by whether a third call met a time slice.
+--load matmul loads the ranks themselves, as a training step does: before every call each rank
+multiplies two 256 x 256 float matrices on two intra-op threads of torch (bench/step_load.cc, the
+same code in chorus-bench and in mpi_tail.c), whose idle thread, by OpenMP's default, then polls
+on while the call runs. chorus-bench's ranks get OMP_WAIT_POLICY=PASSIVE from its launcher as
+chorusrun's do (Note [Threads of ranks that share the cores]); mpirun sets nothing, and Open MPI
+runs a second time with the same setting (column mpi_passive, printed apart).
 
 Each call is timed on rank 0, as mpi_collectives.c times it. For a broadcast that is its root's
 time, which leaves once its message is handed on: Open MPI 4.1's fixed rules send a message of 1
