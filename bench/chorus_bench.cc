@@ -71,9 +71,9 @@
 // two sides' means were alike (292-843 us against 319-698). With --tail both benchmarks time 400
 // calls up to 1 MiB, a p95 of 20 calls, which says what share of calls the slices catch, and 40
 // beyond, where a call of several ms spans slices by itself (the untimed calls stay as many as
-// without it). W=2, 1 MiB all_gather, 400 calls,
-// three alternating runs beside the same process: chorus's p95 0.37-0.51 ms (means 289-384 us),
-// Open MPI's 4.37, 4.56 and 0.46 ms (means 351-915). compare.py --load passes --tail to both.
+// without it). W=2, 1 MiB all_gather, 400 calls, three alternating runs beside the same process:
+// chorus's p95 0.37-0.51 ms (means 289-384 us), Open MPI's 4.37, 4.56 and 0.46 ms (means
+// 351-915). compare.py --load passes --tail to both.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>

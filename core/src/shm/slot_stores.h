@@ -47,14 +47,13 @@
 // all_gather: normal stores at 350 us on the second call, 231 on their trial 15 calls later, tried
 // next 68 calls after that, where they took 137 against the single copy's 170-250). Trials at a
 // fixed two calls in 32 (6%) were the slowest 5% of calls wherever the other way was much slower,
-// and made chorus's tail:
-// W=2, 2 threads of matmul between calls (compare.py --load matmul), a 1 MiB broadcast's p95 took
-// 426-433 us against a median of 41-42 (Open MPI's p95: 198-200), and 48-50 us with the way fixed
-// by CHORUS_SHM_STREAM_SLOTS=1. And a way close to the one in use is tried often, so that its
-// kept times are as recent as the way in use's, and it is taken once it is faster by more than
-// kSwitchBelow: at W=2, 64 KiB, which of the single copy below and the slots is faster changes
-// with the state, and so did the way the runs took (their medians 7.8-8.7 us where the single copy
-// was taken, 10.1-11.5 where the slots were; Open MPI 10.5-11.5).
+// and made chorus's tail: W=2, 2 threads of matmul between calls (compare.py --load matmul), a 1
+// MiB broadcast's p95 took 426-433 us against a median of 41-42 (Open MPI's p95: 198-200), and
+// 48-50 us with the way fixed by CHORUS_SHM_STREAM_SLOTS=1. And a way close to the one in use is
+// tried often, so that its kept times are as recent as the way in use's, and it is taken once it
+// is faster by more than kSwitchBelow: at W=2, 64 KiB, which of the single copy below and the
+// slots is faster changes with the state, and so did the way the runs took (their medians 7.8-8.7
+// us where the single copy was taken, 10.1-11.5 where the slots were; Open MPI 10.5-11.5).
 //
 // An all_gather has a third way (Note [Single-copy collectives]): each rank reads its peers'
 // inputs through the kernel, one copy instead of two, and no line a peer holds is written. It won
