@@ -53,14 +53,16 @@
 // runs on buffers of its own, and three untimed calls left most of a 1 MiB measurement on such
 // pages: W=2, 1 MiB all_gather (normal stores), means of 20 calls in one run, 215 164 159 138 ...
 // 103-122 us.
-// It struck the benchmarks unevenly: bench/mpi_tail.c times every op of a size before the next
+// It struck the benchmarks unevenly: bench/mpi_tail.c timed every op of a size before the next
 // size, on one input, so its all_gather ran on an input that 53 all_reduce calls had already
 // warmed; chorus-bench, op by op, met it fresh. Same session, 3 untimed calls against 100, W=2,
 // 1 MiB, median us, three interleaved runs: chorus's all_gather 182-256 against 114-129, Open
 // MPI's 193-209 against 169-178; all_reduce 149-207 against 95-99 (Open MPI 270-273 against
 // 207-218 in its fast state). So both take as many untimed calls as timed ones up to 16 MiB
 // (default_warmup(); the larger sizes take a few ms a call and are past it after the first
-// three), and measure the calls a training loop makes, on buffers it keeps.
+// three), and measure the calls a training loop makes, on buffers it keeps. Buffers keep warming
+// for 50-90 calls of 1 MiB, past those 50 untimed ones, so mpi_tail now runs op by op too, each
+// size on buffers of its own.
 //
 // Note [A p95 beside busy cores]: beside a CPU-bound process the rank that shares its core is
 // preempted for a time slice (3.5-4 ms) every 8 ms or so (Note [The same fill on both sides]),

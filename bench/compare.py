@@ -51,7 +51,13 @@ last, and those in which it waited for its core to come back), and the median la
 
 Machines are shared and noisy: compare the ratios of one run, not absolute figures across runs.
 With --repeat N the three are run N times, interleaved, and each figure is the median of the N
-runs' medians, which keeps one disturbed run from deciding a comparison.
+runs' medians, which keeps one disturbed run from deciding a comparison. Within a run chorus and
+Open MPI on its workload (mpi_tail) take turns a few sizes at a time (up to 1 MiB with the
+barrier, then 16 MiB, then 64 MiB), each turn seconds to a minute long: a 2-core VM changes state
+under a run (its two vCPUs moved to cores that share a cache or not, the barrier's time doubling;
+docs/performance.md), and a side timed whole, a minute or more after the other, could meet the
+other state (in one such --load run, chorus's three W=2 runs all met the slow state and two of
+Open MPI's the fast one). Each run's barrier is printed for both sides: the state it met.
 Writes the raw outputs and a combined CSV (world,op,bytes,impl,median_us,busbw_GBps) to --out.
 """
 import contextlib
@@ -64,6 +70,7 @@ import sys
 import runner
 
 SIZES = [8, 1024, 65536, 1 << 20, 16 << 20, 64 << 20]
+PARTS = [SIZES[:4], SIZES[4:5], SIZES[5:]]  # timed on each side in turn (the barrier with the first)
 STEP_MATMUL = 256  # --load matmul: the side of the matrices each rank multiplies before every call
 OPS = ["barrier", "all_reduce", "all_gather", "broadcast"]
 
@@ -84,11 +91,11 @@ def parse_table(text):
     return rows
 
 
-def chorus_rows(build, world, ops, out, symmetric=False, step=()):
+def chorus_rows(build, world, ops, out, symmetric=False, step=(), sizes=SIZES):
     """chorus-bench's table; with symmetric, between buffers from Communicator::alloc_symmetric; step:
     the arguments of a step's compute before every call."""
     cmd = [os.path.join(build, "bench", "chorus-bench"), "--np", str(world), "--ops", ",".join(ops),
-           "--sizes", ",".join(str(s) for s in SIZES), "--csv", "--check-last"] + (["--symmetric"] if symmetric else []) + list(step)
+           "--sizes", ",".join(str(s) for s in sizes), "--csv", "--check-last"] + (["--symmetric"] if symmetric else []) + list(step)
     name = "chorus_sym" if symmetric else "chorus"
     text = runner.run(cmd, log=os.path.join(out, f"{name}_w{world}_{len(os.listdir(out))}.txt"))
     rows = {}
@@ -230,23 +237,31 @@ def main():
             if not args.load:
                 models.append(staged_model_us(runner.run([model_bin, str(world)],
                                                          log=os.path.join(args.out, f"staged_model_w{world}_{r}.txt"))))
+            tables = {impl: {} for impl in runs}
             with cpu_load(args.load == "cpu"):
-                runs["chorus"].append(chorus_rows(args.build, world, ops, args.out, step=step))
-                runs["chorus_sym"].append(
-                    chorus_rows(args.build, world, ["all_reduce", "all_gather"], args.out, symmetric=True, step=step))
-                runs["mpi_fresh"].append(tail_rows(runner.run(
-                    runner.MPIRUN + [str(world), tail_bin, "--fresh"] + step,
-                    log=os.path.join(args.out, f"mpi_fresh_w{world}_{r}.txt")), world))
-                if args.load == "matmul":  # as chorus's launchers set it (Note [Threads of ranks that share the cores])
-                    runs["mpi_passive"].append(tail_rows(runner.run(
-                        runner.MPIRUN + [str(world), "-x", "OMP_WAIT_POLICY=PASSIVE", tail_bin, "--fresh"] + step,
-                        log=os.path.join(args.out, f"mpi_passive_w{world}_{r}.txt")), world))
+                # A few sizes at a time, chorus and Open MPI one after the other: the machine's state
+                # (the docstring) then changes between the two sides of a row less often.
+                for part, sizes in enumerate(PARTS):
+                    part_ops = ops if part == 0 else [op for op in ops if op != "barrier"]
+                    tables["chorus"].update(chorus_rows(args.build, world, part_ops, args.out, step=step, sizes=sizes))
+                    tables["chorus_sym"].update(chorus_rows(args.build, world, ["all_reduce", "all_gather"], args.out,
+                                                            symmetric=True, step=step, sizes=sizes))
+                    selected = ["--ops", ",".join(part_ops), "--sizes", ",".join(str(s) for s in sizes)]
+                    tables["mpi_fresh"].update(tail_rows(runner.run(
+                        runner.MPIRUN + [str(world), tail_bin, "--fresh"] + selected + step,
+                        log=os.path.join(args.out, f"mpi_fresh_w{world}_{r}_{part}.txt")), world))
+                    if args.load == "matmul":  # as chorus's launchers set it (Note [Threads of ranks that share the cores])
+                        tables["mpi_passive"].update(tail_rows(runner.run(
+                            runner.MPIRUN + [str(world), "-x", "OMP_WAIT_POLICY=PASSIVE", tail_bin, "--fresh"] + selected
+                            + step, log=os.path.join(args.out, f"mpi_passive_w{world}_{r}_{part}.txt")), world))
                 if "mpi" in runs:
-                    runs["mpi"].append(parse_table(runner.run(
-                        runner.MPIRUN + [str(world), mpi_bin], log=os.path.join(args.out, f"mpi_w{world}_{r}.txt"))))
+                    tables["mpi"] = parse_table(runner.run(
+                        runner.MPIRUN + [str(world), mpi_bin], log=os.path.join(args.out, f"mpi_w{world}_{r}.txt")))
             if with_gloo:
-                runs["gloo"].append(parse_table(runner.run([args.python, os.path.join(runner.PEERS, "torch_collectives.py"), str(world)],
-                                                    env=env1, log=os.path.join(args.out, f"gloo_w{world}_{r}.txt"))))
+                tables["gloo"] = parse_table(runner.run([args.python, os.path.join(runner.PEERS, "torch_collectives.py"), str(world)],
+                                                        env=env1, log=os.path.join(args.out, f"gloo_w{world}_{r}.txt")))
+            for impl, table in tables.items():
+                runs[impl].append(table)
         results = {impl: runner.medians(tables) for impl, tables in runs.items()}
         floor = runner.medians([{"floor": f} for f in floors])["floor"]
         pair = runner.medians([{"pair": p} for p in pairs])["pair"]
@@ -276,6 +291,11 @@ def main():
                 for impl, table in results.items():
                     if (op, size) in table:
                         combined.append([world, op, size, impl, *table[(op, size)]])
+        # The VM's state in each run (the docstring): its barrier, run by run, on both sides.
+        barriers = {impl: [t[("barrier", 0)][0] for t in runs[impl] if ("barrier", 0) in t] for impl in ("chorus", "mpi_fresh")}
+        if all(barriers.values()):
+            print("each run's barrier (us), the machine's state in it: "
+                  + "; ".join(f"{impl} " + " ".join(f"{b:.2f}" for b in times) for impl, times in barriers.items()))
 
         if args.load:
             beside = "beside a CPU-bound process" if args.load == "cpu" else f"with a {STEP_MATMUL}^2 matmul on 2 threads before each call"

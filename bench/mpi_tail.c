@@ -12,14 +12,17 @@
    With --step-matmul N (built with -DCHORUS_STEP_LOAD and linked to build/bench's
    libchorus_step_load), each rank runs chorus-bench's step before every call: an N x N float
    matmul on --step-threads (2) intra-op threads of torch (bench/step_load.cc).
-   --max-bytes N leaves out the sizes above N (bench/states.py times the small ones only).
+   --max-bytes N leaves out the sizes above N (bench/states.py times the small ones only); --ops
+   and --sizes (comma-separated, as chorus-bench takes them) time only those ops (barrier,
+   all_reduce, all_gather, broadcast) and sizes (of 8, 1024, 65536, 1048576, 16777216, 67108864):
+   bench/compare.py times a few sizes at a time, one side after the other.
    With --tail, 400 timed calls up to 1 MiB and 40 beyond, as chorus-bench --tail: a p95 beside a
    busy core that one time slice does not decide (chorus-bench's Note [A p95 beside busy cores]).
    With --last-rank each call's time is that of the rank that finished it last (chorus-bench
    --last-rank), not rank 0's: a broadcast's root returns once its message is handed on, which in
    Open MPI's chain is long before the chain's end has it.
    Build: mpicc -O2 mpi_tail.c -o mpi_tail; run: mpirun -np N mpi_tail [--fresh] [--last-rank] [--step-matmul N]
-   [--max-bytes N] [--tail]
+   [--max-bytes N] [--ops LIST] [--sizes LIST] [--tail]
    Prints: op bytes median_us p95_us mean_us */
 #include <mpi.h>
 #include <stdio.h>
@@ -48,8 +51,27 @@ static void report(const char* op, long bytes, double* times, int n) {
   printf("%s %ld %.2f %.2f %.2f\n", op, bytes, median, p95, mean);
 }
 
-enum { kAllReduce, kAllGather, kBroadcast };
-static const char* const kNames[] = {"all_reduce", "all_gather", "broadcast"};
+enum { kAllReduce, kAllGather, kBroadcast, kBarrier };
+static const char* const kNames[] = {"all_reduce", "all_gather", "broadcast", "barrier"};
+static const long kSizes[] = {8, 1024, 65536, 1 << 20, 16 << 20, 64 << 20};
+
+/* A comma-separated list of `n` names (or of the sizes' decimal values, with `sizes`) -> the bits
+   of the entries it names; exits naming an entry it does not know. */
+static unsigned parse_list(const char* list, const char* flag, int sizes, int n) {
+  unsigned bits = 0;
+  char* copy = strdup(list);
+  for (char* item = strtok(copy, ","); item; item = strtok(NULL, ",")) {
+    int k = 0;
+    while (k < n && (sizes ? atol(item) != kSizes[k] : strcmp(item, kNames[k]) != 0)) k++;
+    if (k == n) {
+      fprintf(stderr, "mpi_tail: %s: unknown entry '%s'\n", flag, item);
+      MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    bits |= 1u << k;
+  }
+  free(copy);
+  return bits;
+}
 
 /* chorus-bench's fill (bench/bench_ops.cc, fill_with): new values in the input every call, in a
    pattern of 4 written one by one and then copied in doubling runs up to 64 KiB, then 64 KiB at a
@@ -74,6 +96,7 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   int fresh = 0, last_rank = 0, tail = 0, step_matmul = 0, step_threads = 2;
   long max_bytes = 64 << 20;
+  unsigned ops = ~0u, sizes = ~0u; /* bits of kNames and kSizes: all unless --ops / --sizes */
   for (int a = 1; a < argc; a++) {
     if (strcmp(argv[a], "--fresh") == 0)
       fresh = 1;
@@ -83,6 +106,10 @@ int main(int argc, char** argv) {
       tail = 1;
     else if (strcmp(argv[a], "--max-bytes") == 0 && a + 1 < argc)
       max_bytes = atol(argv[++a]);
+    else if (strcmp(argv[a], "--ops") == 0 && a + 1 < argc)
+      ops = parse_list(argv[++a], "--ops", 0, 4);
+    else if (strcmp(argv[a], "--sizes") == 0 && a + 1 < argc)
+      sizes = parse_list(argv[++a], "--sizes", 1, 6);
     else if (strcmp(argv[a], "--step-matmul") == 0 && a + 1 < argc)
       step_matmul = atoi(argv[++a]);
     else if (strcmp(argv[a], "--step-threads") == 0 && a + 1 < argc)
@@ -100,22 +127,28 @@ int main(int argc, char** argv) {
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
 #endif
-  const long sizes[] = {8, 1024, 65536, 1 << 20, 16 << 20, 64 << 20};
   static double times[1000];
   if (rank == 0) printf("op bytes median_us p95_us mean_us\n");
-  for (int i = -10; i < 1000; i++) {
-    double t = MPI_Wtime();
-    MPI_Barrier(MPI_COMM_WORLD);
-    if (i >= 0) times[i] = (MPI_Wtime() - t) * 1e6;
+  if (ops & (1u << kBarrier)) {
+    for (int i = -10; i < 1000; i++) {
+      double t = MPI_Wtime();
+      MPI_Barrier(MPI_COMM_WORLD);
+      if (i >= 0) times[i] = (MPI_Wtime() - t) * 1e6;
+    }
+    if (rank == 0) report("barrier", 0, times, 1000);
   }
-  if (rank == 0) report("barrier", 0, times, 1000);
-  for (int s = 0; s < 6 && sizes[s] <= max_bytes; s++) {
-    const long bytes = sizes[s], count = bytes / 4 > 0 ? bytes / 4 : 1;
-    float *x = calloc(count, 4), *y = calloc(count, 4), *g = calloc(count * world, 4);
-    const int plain = bytes <= 65536 ? 200 : bytes <= (1 << 20) ? 50 : 10;
-    const int iters = tail ? (bytes <= (1 << 20) ? 400 : 40) : plain;
-    const int warmup = bytes <= (16 << 20) ? plain : 3;  // untimed: chorus-bench's Note [Warm buffers]
-    for (int op = kAllReduce; op <= kBroadcast; op++) {
+  /* Op by op and size by size, each with buffers of its own, as chorus-bench runs them: a size's
+     buffers shared by the three ops would come warm to the second and third (compare.py). */
+  for (int op = kAllReduce; op <= kBroadcast; op++) {
+    if (!(ops & (1u << op))) continue;
+    for (int s = 0; s < 6 && kSizes[s] <= max_bytes; s++) {
+      if (!(sizes & (1u << s))) continue;
+      const long bytes = kSizes[s], count = bytes / 4 > 0 ? bytes / 4 : 1;
+      float* x = calloc(count, 4); /* the input; a broadcast's buffer */
+      float* y = op == kAllReduce ? calloc(count, 4) : op == kAllGather ? calloc(count * world, 4) : NULL;
+      const int plain = bytes <= 65536 ? 200 : bytes <= (1 << 20) ? 50 : 10;
+      const int iters = tail ? (bytes <= (1 << 20) ? 400 : 40) : plain;
+      const int warmup = bytes <= (16 << 20) ? plain : 3;  // untimed: chorus-bench's Note [Warm buffers]
       for (int i = -warmup; i < iters; i++) {
         if (fresh) write_input(op, rank, i + warmup, x, count);
 #ifdef CHORUS_STEP_LOAD
@@ -124,17 +157,16 @@ int main(int argc, char** argv) {
         MPI_Barrier(MPI_COMM_WORLD);
         double t = MPI_Wtime();
         if (op == kAllReduce) MPI_Allreduce(x, y, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-        if (op == kAllGather) MPI_Allgather(x, count, MPI_FLOAT, g, count, MPI_FLOAT, MPI_COMM_WORLD);
+        if (op == kAllGather) MPI_Allgather(x, count, MPI_FLOAT, y, count, MPI_FLOAT, MPI_COMM_WORLD);
         if (op == kBroadcast) MPI_Bcast(x, count, MPI_FLOAT, 0, MPI_COMM_WORLD);
         if (i >= 0) times[i] = (MPI_Wtime() - t) * 1e6;
         MPI_Barrier(MPI_COMM_WORLD);
       }
       if (last_rank) MPI_Allreduce(MPI_IN_PLACE, times, iters, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
       if (rank == 0) report(kNames[op], bytes, times, iters);
+      free(x);
+      free(y);
     }
-    free(x);
-    free(y);
-    free(g);
   }
   MPI_Finalize();
   return 0;
