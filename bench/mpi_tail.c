@@ -138,7 +138,8 @@ int main(int argc, char** argv) {
     if (rank == 0) report("barrier", 0, times, 1000);
   }
   /* Op by op and size by size, each with buffers of its own, as chorus-bench runs them: a size's
-     buffers shared by the three ops would come warm to the second and third (compare.py). */
+     buffers shared by the three ops came warm to the second and third (chorus-bench's Note [Warm
+     buffers]). */
   for (int op = kAllReduce; op <= kBroadcast; op++) {
     if (!(ops & (1u << op))) continue;
     for (int s = 0; s < 6 && kSizes[s] <= max_bytes; s++) {
