@@ -44,7 +44,7 @@
 // doubling memcpy of 32 MiB would stream past it, unlike the stores of a kernel writing a tensor).
 // Beside the CPU-bound process chorus's 1 MiB broadcast then kept its p95 clear of a slice in 4
 // runs of 4 (65-73 us, against 3.7-3.8 ms in 2 of 2 with the old fills); Open MPI's, 2-4 times
-// slower a call, was one in 2 of the 4 (docs/performance.md, "The same fill on both sides").
+// slower a call, was one in 2 of the 4 (2026-11-28; the table is in docs/performance.md's history).
 //
 // Note [Warm buffers]: memory a process has not used for a while is slow on these VMs for its
 // first milliseconds of use, whoever uses it. One process copying 1 MiB between two fresh
