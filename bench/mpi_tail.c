@@ -12,17 +12,17 @@
    With --step-matmul N (built with -DCHORUS_STEP_LOAD and linked to build/bench's
    libchorus_step_load), each rank runs chorus-bench's step before every call: an N x N float
    matmul on --step-threads (2) intra-op threads of torch (bench/step_load.cc).
-   --max-bytes N leaves out the sizes above N (bench/states.py times the small ones only); --ops
-   and --sizes (comma-separated, as chorus-bench takes them) time only those ops (barrier,
+   --ops and --sizes (comma-separated, as chorus-bench takes them) time only those ops (barrier,
    all_reduce, all_gather, broadcast) and sizes (of 8, 1024, 65536, 1048576, 16777216, 67108864):
-   bench/compare.py times a few sizes at a time, one side after the other.
+   bench/compare.py times a few sizes at a time, one side after the other, and bench/states.py the
+   small ones only.
    With --tail, 400 timed calls up to 1 MiB and 40 beyond, as chorus-bench --tail: a p95 beside a
    busy core that one time slice does not decide (chorus-bench's Note [A p95 beside busy cores]).
    With --last-rank each call's time is that of the rank that finished it last (chorus-bench
    --last-rank), not rank 0's: a broadcast's root returns once its message is handed on, which in
    Open MPI's chain is long before the chain's end has it.
    Build: mpicc -O2 mpi_tail.c -o mpi_tail; run: mpirun -np N mpi_tail [--fresh] [--last-rank] [--step-matmul N]
-   [--max-bytes N] [--ops LIST] [--sizes LIST] [--tail]
+   [--ops LIST] [--sizes LIST] [--tail]
    Prints: op bytes median_us p95_us mean_us */
 #include <mpi.h>
 #include <stdio.h>
@@ -95,7 +95,6 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   int fresh = 0, last_rank = 0, tail = 0, step_matmul = 0, step_threads = 2;
-  long max_bytes = 64 << 20;
   unsigned ops = ~0u, sizes = ~0u; /* bits of kNames and kSizes: all unless --ops / --sizes */
   for (int a = 1; a < argc; a++) {
     if (strcmp(argv[a], "--fresh") == 0)
@@ -104,8 +103,6 @@ int main(int argc, char** argv) {
       last_rank = 1;
     else if (strcmp(argv[a], "--tail") == 0) /* chorus-bench --tail: Note [A p95 beside busy cores] */
       tail = 1;
-    else if (strcmp(argv[a], "--max-bytes") == 0 && a + 1 < argc)
-      max_bytes = atol(argv[++a]);
     else if (strcmp(argv[a], "--ops") == 0 && a + 1 < argc)
       ops = parse_list(argv[++a], "--ops", 0, 4);
     else if (strcmp(argv[a], "--sizes") == 0 && a + 1 < argc)
@@ -142,7 +139,7 @@ int main(int argc, char** argv) {
      buffers]). */
   for (int op = kAllReduce; op <= kBroadcast; op++) {
     if (!(ops & (1u << op))) continue;
-    for (int s = 0; s < 6 && kSizes[s] <= max_bytes; s++) {
+    for (int s = 0; s < 6; s++) {
       if (!(sizes & (1u << s))) continue;
       const long bytes = kSizes[s], count = bytes / 4 > 0 ? bytes / 4 : 1;
       float* x = calloc(count, 4); /* the input; a broadcast's buffer */

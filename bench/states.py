@@ -82,6 +82,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     tail_bin = runner.build_mpi_tail(args.out)
     sizes = [s for s in SIZES if s <= args.max_bytes]
+    selected = ["--ops", ",".join(OPS), "--sizes", ",".join(map(str, sizes))]  # the same on both sides
     env1 = runner.one_thread_env()
     verdicts = runner.Verdicts()
     for world in runner.worlds(args):
@@ -92,11 +93,10 @@ def main():
         for r in range(args.rounds):
             with cpu_load(args.load):
                 tables = {
-                    "mpi": runner.run(runner.MPIRUN + [str(world), tail_bin, "--fresh", "--max-bytes", str(args.max_bytes)],
+                    "mpi": runner.run(runner.MPIRUN + [str(world), tail_bin, "--fresh"] + selected,
                                       env=env1, log=logs["mpi"], log_mode="a"),
-                    "chorus": runner.run([os.path.join(args.build, "bench", "chorus-bench"), "--np", str(world), "--ops",
-                                          ",".join(OPS), "--sizes", ",".join(map(str, sizes)), "--csv", "--check-last"],
-                                         env=env1, log=logs["chorus"], log_mode="a"),
+                    "chorus": runner.run([os.path.join(args.build, "bench", "chorus-bench"), "--np", str(world)] + selected
+                                         + ["--csv", "--check-last"], env=env1, log=logs["chorus"], log_mode="a"),
                 }
             for side, text in tables.items():
                 for key, row in median_and_p95(text).items():
