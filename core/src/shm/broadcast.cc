@@ -22,6 +22,20 @@
 // where the slots are deep). A last sync, after the last chunk, keeps every reader out of the
 // next call until all are done with the slots; the root owes it (Note [Owed waits]). Every rank
 // posts rounds + 1 phases, so the counters agree again after the call.
+//
+// Note [A ring the message outgrows]: a message the ring holds whole (up to 16 MiB at W=4 on 2
+// cores) goes a slot per round, and its root writes it all and leaves: W=4 beside a CPU-bound
+// process, 16 MiB, 2.4-3.6 ms against 5.7-6.9 through a 4 MiB ring. A larger one cycles through
+// the ring again and again, and then what its memory holds matters more than how few handoffs it
+// takes: the root's source, the readers' destinations and 16 MiB of slots do not stay in a 32 MiB
+// L3 shared with the host's other tenants. So such a message goes one chunk per slot instead, the
+// slot's first chunk: the same handoffs for each slot, a ring of a quarter of the memory (4 MiB
+// at W=4). W=4 on 2 cores, 64 MiB, five alternating rounds of chorus-bench --tail beside a
+// CPU-bound process: 21.0-23.5 ms (p95 28.5-32.5) against 26.7-30.6 (33.9-36.6) a slot per round;
+// unloaded 18.0-20.7 against 20.0-21.2. W=8 (a 32 MiB ring of 2 MiB slots; 8 MiB this way): 31.6-
+// 39.2 against 35.0-39.1 unloaded, medians 47.8 and 48.8 of seven rounds each beside the process.
+// Going a chunk per round through all of the 16 MiB was no better than a slot per round (27.4-33.4
+// against 28.2-31.5 in another session): the gain is the smaller ring.
 
 #include "shm/algorithms.h"
 #include "shm/copy.h"
@@ -33,7 +47,10 @@ namespace {
 // Note [Broadcast through every slot].
 void broadcast_through_ring(ShmGroup& g, const Call& c, uint8_t* buf, size_t bytes) {
   const bool root = g.rank() == c.root;
-  const size_t chunk = g.slot_bytes(), rounds = rounds_for(bytes, chunk), ring = g.slot_count();
+  const size_t ring = g.slot_count();
+  // Note [A ring the message outgrows]: one chunk per slot when the slots cannot hold it all.
+  const size_t chunk = bytes > ring * g.slot_bytes() ? g.chunk_bytes() : g.slot_bytes();
+  const size_t rounds = rounds_for(bytes, chunk);
   const uint32_t base = g.phase();
   const size_t first = g.write_slot_index(c.root);  // the only slot free before the first sync
   auto slot = [&](size_t k) { return g.slot_at((first + k) % ring); };

@@ -138,7 +138,8 @@ struct alignas(kLine) ChunkHeader {
 // as they total at most kDeepSlotsBytes, and the calls whose rounds are such handoffs of the whole
 // group (broadcast, all_reduce and reduce) go in rounds of a whole slot (the all_reduce's within
 // kGroupRoundBytes for the whole group, so that its slots stay in cache; a large one goes as a
-// ring, Note [Ring through the slots]). Unloaded that is a trade:
+// ring, Note [Ring through the slots]; a broadcast larger than all the slots, a chunk per slot,
+// Note [A ring the message outgrows]). Unloaded that is a trade:
 // W=4's 16 MiB all_reduce took 5.6-6.4 ms in rounds of 2 MiB and 5.5-7.0 in rounds of 512 KiB in
 // chorus-bench alone, but 7.4-8.0 against 5.5-6.7 in three pairs of compare.py's runs (Open MPI
 // 16-23). The all_gather keeps rounds of one chunk: unloaded, its 1 MiB took 402-477 us in two
