@@ -1,15 +1,21 @@
 // The two halves of checking a call, in one process: argument validation (this rank alone,
 // communicator/arguments.h) and the comparison of the ranks' calls (Note [Comparing calls]).
 // The multi-process suites check that the messages reach every rank; these check the messages.
+// And the lock a call takes on its rank (Note [The call lock]).
 #include <gtest/gtest.h>
 
 #include <array>
+#include <chrono>
 #include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 #include "abort_cause.h"
 #include "call_compare.h"
 #include "chorus/core/error.h"
 #include "communicator/arguments.h"
+#include "communicator/call_lock.h"
 
 namespace chorus {
 namespace {
@@ -219,6 +225,30 @@ TEST(CallComparison, FingerprintsIgnoreARejectionButNotTheCall) {
   EXPECT_EQ(fingerprint(make_desc(c, 1), travelling_counts(c)), f);
   EXPECT_NE(fingerprint(make_desc(all_reduce(9), 1), {}), f);
   EXPECT_NE(fingerprint(make_desc(all_reduce(8), 2), {}), f) << "the call's index counts";
+}
+
+// Threads that take the lock in turns, some holding it long enough for the others to sleep on it
+// (its contended path): one holder at a time, every increment kept, and every sleeper woken (the
+// test ends).
+TEST(CallLock, OneHolderAtATimeAndSleepersAreWoken) {
+  CallLock lock;
+  constexpr int kThreads = 4, kRounds = 20000;
+  int64_t count = 0;  // plain: only the lock keeps the increments apart
+  std::atomic<int> inside{0}, overlaps{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kRounds; ++i) {
+        std::lock_guard<CallLock> held(lock);
+        if (inside.fetch_add(1) != 0) overlaps.fetch_add(1);
+        ++count;
+        if (i % 2000 == t) std::this_thread::sleep_for(std::chrono::milliseconds(2));  // the others sleep
+        inside.fetch_sub(1);
+      }
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(overlaps.load(), 0);
+  EXPECT_EQ(count, int64_t(kThreads) * kRounds);
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "chorus/core/rendezvous.h"
 #include "chorus/core/settings.h"
 #include "communicator/arguments.h"
+#include "communicator/call_lock.h"
 #include "communicator/hierarchy.h"
 #include "communicator/ordering.h"
 #include "shm/waiter.h"
@@ -62,7 +63,11 @@ std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store,
 }
 
 Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, CommunicatorOptions options)
-    : rank_(rank), size_(size), options_(std::move(options)), order_(std::make_unique<CallOrder>(size)) {
+    : rank_(rank),
+      size_(size),
+      options_(std::move(options)),
+      order_(std::make_unique<CallOrder>(size)),
+      call_lock_(std::make_unique<CallLock>()) {
   // Every rank creates its communicators in the same order, so a per-rank counter names this
   // group's keys identically everywhere and a re-created group never sees stale keys.
   const int64_t generation = store->add(detail::concat("chorus/", options_.name, "/created_by/", rank), 1);
@@ -151,10 +156,10 @@ Communicator::~Communicator() {
 }
 
 void Communicator::shutdown(Timeout timeout) {
-  order_->drain();                             // submitted collectives
-  order_->wait_transfers();                    // sends and receives in flight: they may still be owed to a peer
-  std::lock_guard<std::mutex> lock(call_mu_);  // no collective runs while the owed wait is paid
-  if (aborted_.load()) return;                 // already shut down or failed: nothing is owed
+  order_->drain();                              // submitted collectives
+  order_->wait_transfers();                     // sends and receives in flight: they may still be owed to a peer
+  std::lock_guard<CallLock> lock(*call_lock_);  // no collective runs while the owed wait is paid
+  if (aborted_.load()) return;                  // already shut down or failed: nothing is owed
   std::exception_ptr found;
   try {
     backend_->finish(coarse_now() + timeout.value_or(options_.timeout));
@@ -191,7 +196,7 @@ void Communicator::run(Call& call, Timeout timeout) {
   validate_arguments(call, rank_, size_, options_.name);
   if (point_to_point(call.kind)) return order_->in_turn(order_->take_tickets(call), [&] { execute(call, timeout); });
   order_->drain();
-  std::lock_guard<std::mutex> lock(call_mu_);
+  std::lock_guard<CallLock> lock(*call_lock_);
   if (hierarchy_ && hierarchy_->serves(call)) return hierarchy_->run(call, timeout);
   execute(call, timeout);
 }
@@ -363,7 +368,7 @@ std::shared_ptr<Work> Communicator::submit(std::function<void()> collectives, As
 SymmetricMemory Communicator::alloc_symmetric(size_t bytes, Timeout timeout) {
   Call c{.kind = OpKind::AllocSymmetric, .count = bytes};
   order_->drain();
-  std::lock_guard<std::mutex> lock(call_mu_);
+  std::lock_guard<CallLock> lock(*call_lock_);
   SymmetricMemory made;
   execute_with(c, timeout, [&] { made = backend_->alloc_symmetric(c); });
   return made;

@@ -1,6 +1,6 @@
 // Note [Call order]: the order in which a rank's calls reach its group.
-//   - Collectives reach the backend one at a time (Communicator::call_mu_), in the order the
-//     rank issues them; every rank must issue the same order.
+//   - Collectives reach the backend one at a time (Communicator::call_lock_, Note [The call
+//     lock]), in the order the rank issues them; every rank must issue the same order.
 //   - Submitted collectives (Communicator::submit) run on one executor thread per communicator,
 //     in submission order; a blocking collective from another thread first waits until every
 //     submitted one has finished, so the two kinds never interleave differently on two ranks.

@@ -43,6 +43,7 @@
 namespace chorus {
 
 class Backend;
+class CallLock;
 class CallOrder;
 class Hierarchy;
 struct Call;
@@ -206,7 +207,7 @@ class Communicator {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Hierarchy> hierarchy_;  // Note [Hierarchy]: across hosts, when it can serve
   std::unique_ptr<CallOrder> order_;      // the executor of submit() and the point-to-point order
-  std::mutex call_mu_;                    // one collective at a time reaches the backend
+  std::unique_ptr<CallLock> call_lock_;   // one collective at a time reaches the backend
   std::mutex state_mu_;
   std::exception_ptr failed_;         // set once aborted
   std::atomic<bool> aborted_{false};  // failed_ is set: the fast path reads only this
