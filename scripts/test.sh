@@ -3,7 +3,8 @@
 # Then builds chorus against torch 2.14 and runs the Python package's tests and a C++ consumer on
 # it; then builds the core again with AddressSanitizer and UndefinedBehaviorSanitizer and runs the
 # core's tests under them, and the test of torch's gloo and chorus's in one Python process with
-# the sanitized chorus_torch.
+# the sanitized chorus_torch. Those two builds compile beside the main tests (Note [Builds beside
+# the tests]).
 # Usage: scripts/test.sh [build-dir]      (the 2.14 build goes to <build-dir>-torch2.14, the
 #                                          sanitized one to <build-dir>-sanitize, pip's build
 #                                          in the tests to <build-dir>-pip)
@@ -43,14 +44,44 @@ if command -v ccache > /dev/null; then
     CMAKE_GENERATOR=${CMAKE_GENERATOR:-Unix Makefiles}
   [[ $base == / ]] || export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$base}
 fi
-# torch 2.14's environment is made while the main build compiles: pip mostly unpacks (5.4 GB)
-# where the compiler computes. Its output waits in a log.
-torch214_log="$build/install-torch2.14.log"
-"$root/scripts/install-deps.sh" --torch 2.14 > "$torch214_log" 2>&1 &
-torch214_install=$!
+# Note [Builds beside the tests]: the later stages' builds (against torch 2.14, and with the
+# sanitizers) compile while the main tests run, at the lowest priority (nice 19): the tests leave
+# the cores idle about a third of the time (waits, timeouts, namespace hosts' links, the tests that
+# run alone), and a nice-19 compile takes only what a test does not; each test's process preempts
+# it as soon as it wakes. Their output waits in logs. torch 2.14's environment is made while the
+# main build compiles (pip mostly unpacks, 5.4 GB, where the compiler computes); its build starts
+# once the main build is done, so that ccache hands it the main build's objects.
+build214="$build-torch2.14"
+sanitized="$build-sanitize"
+main_built="$build/.main-built"
+rm -f "$main_built"
+torch214_log="$build/torch2.14.log"
+(
+  "$root/scripts/install-deps.sh" --torch 2.14
+  while [[ ! -e $main_built ]]; do
+    kill -0 $$ 2> /dev/null || exit 1  # test.sh ended before its main build did
+    sleep 1
+  done
+  nice -n 19 cmake -S "$root" -B "$build214" -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$root/.venv-2.14/bin/python" \
+    -DCHORUS_BUILD_BENCH=OFF -DCHORUS_BUILD_EXAMPLES=OFF
+  nice -n 19 cmake --build "$build214" -j "$jobs" --target chorus_torch_ext chorusrun chorus_torch
+) > "$torch214_log" 2>&1 &
+torch214_job=$!
+trap 'kill $(jobs -p) 2> /dev/null || true' EXIT  # a failed stage ends the script; the builds beside it end with it
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release
 cmake --build "$build" -j "$jobs"
+touch "$main_built"
 elapsed "installed and built"
+# -O1 and line tables only (CMakeLists.txt adds -g1): the reports keep their file:line, and the
+# build takes half the time of -O2 -g.
+sanitize_log="$build/sanitize-build.log"
+(
+  nice -n 19 cmake -S "$root" -B "$sanitized" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCHORUS_SANITIZE=address,undefined \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -DNDEBUG" -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -DNDEBUG" \
+    -DCHORUS_BUILD_BENCH=OFF -DCHORUS_BUILD_EXAMPLES=OFF
+  nice -n 19 cmake --build "$sanitized" -j "$jobs" --target core_tests chorus_torch_ext
+) > "$sanitize_log" 2>&1 &
+sanitize_job=$!
 # Tests start real processes; more ranks than cores is intended. One BLAS/OpenMP thread each.
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 (cd "$build" && ctest --output-on-failure -j "$jobs" --timeout 900)
@@ -61,25 +92,16 @@ echo "== torch 2.14 (a CUDA build, on the CPU): the Python package's tests and a
 # environment, and the backend's tests, torch's suite at W=2 and a find_package(chorus) consumer
 # run on it. (The wheel as pip builds and installs it is tested on 2.13 above: the same build with
 # another torch pinned, and a second compile of everything here would cost CI five minutes.)
-wait "$torch214_install" || { cat "$torch214_log"; echo "test.sh: installing torch 2.14 failed" >&2; exit 1; }
-cat "$torch214_log"
-build214="$build-torch2.14"
-cmake -S "$root" -B "$build214" -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$root/.venv-2.14/bin/python" \
-  -DCHORUS_BUILD_BENCH=OFF -DCHORUS_BUILD_EXAMPLES=OFF
-cmake --build "$build214" -j "$jobs" --target chorus_torch_ext chorusrun chorus_torch
-elapsed "torch 2.14 installed and built"
+wait "$torch214_job" || { cat "$torch214_log"; echo "test.sh: installing or building against torch 2.14 failed" >&2; exit 1; }
+tail -n 3 "$torch214_log"
+elapsed "torch 2.14 installed and built (beside the tests)"
 (cd "$build214" && ctest --output-on-failure -j "$jobs" --timeout 900 \
   -R '^(python_(smoke|backend|collectives|fsdp2)|torch_suite_w2|install_and_find_package)$')
 
 echo "== the core's tests, and two gloos in one process, under -fsanitize=address,undefined"
-sanitized="$build-sanitize"
-# -O1 and line tables only (CMakeLists.txt adds -g1): the reports keep their file:line, and the
-# build takes half the time of -O2 -g.
-cmake -S "$root" -B "$sanitized" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCHORUS_SANITIZE=address,undefined \
-  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -DNDEBUG" -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -DNDEBUG" \
-  -DCHORUS_BUILD_BENCH=OFF -DCHORUS_BUILD_EXAMPLES=OFF
-cmake --build "$sanitized" -j "$jobs" --target core_tests chorus_torch_ext
-elapsed "the sanitized build built"
+wait "$sanitize_job" || { cat "$sanitize_log"; echo "test.sh: the sanitized build failed" >&2; exit 1; }
+tail -n 3 "$sanitize_log"
+elapsed "the sanitized build built (beside the tests)"
 export ASAN_OPTIONS="abort_on_error=0:detect_leaks=1" UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export LSAN_OPTIONS="suppressions=$root/tests/sanitizers/lsan.supp:print_suppressions=0"
 cd "$sanitized"
