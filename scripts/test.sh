@@ -67,7 +67,14 @@ torch214_log="$build/torch2.14.log"
   nice -n 19 cmake --build "$build214" -j "$jobs" --target chorus_torch_ext chorusrun chorus_torch
 ) > "$torch214_log" 2>&1 &
 torch214_job=$!
-trap 'kill $(jobs -p) 2> /dev/null || true' EXIT  # a failed stage ends the script; the builds beside it end with it
+# A failed stage ends the script, and the builds beside it end with it: each job with what it
+# started (pip, cmake, the compilers), which killing the job's subshell alone would leave running.
+kill_tree() {
+  local child
+  for child in $(pgrep -P "$1" 2> /dev/null); do kill_tree "$child"; done
+  kill "$1" 2> /dev/null || true
+}
+trap 'for job in $(jobs -p); do kill_tree "$job"; done' EXIT
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release
 cmake --build "$build" -j "$jobs"
 touch "$main_built"
