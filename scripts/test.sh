@@ -35,13 +35,17 @@ elapsed() {
 # directory's top where Makefiles compile from each subdirectory); and paths relative to the
 # directory that holds the sources and the builds (CCACHE_BASEDIR), each build a sibling of the
 # main one, so that a build's own generated files are at the same relative place in each. The
-# pip build went from 219 to 67 s with 100 of 101 compiles found.
+# pip build went from 219 to 67 s with 100 of 101 compiles found. The precompiled header of the
+# torch layer (26 s of those 67) is cached too, and the compiles that include it are found, only
+# where ccache does not check the header's defines and its files' times (CCACHE_SLOPPINESS, as
+# ccache's manual asks for precompiled headers): then the pip build took 34 s, every compile found.
 mkdir -p "$build" && build=$(cd "$build" && pwd)
 if command -v ccache > /dev/null; then
   base=$root
   while [[ "$build/" != "$base/"* ]]; do base=$(dirname "$base"); done
   export CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache CC=${CC:-gcc} CXX=${CXX:-g++} \
-    CMAKE_GENERATOR=${CMAKE_GENERATOR:-Unix Makefiles}
+    CMAKE_GENERATOR=${CMAKE_GENERATOR:-Unix Makefiles} \
+    CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}
   [[ $base == / ]] || export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$base}
 fi
 # Note [Builds beside the tests]: the later stages' builds (against torch 2.14, and with the
