@@ -77,7 +77,7 @@ void WayChoice::schedule(Way w) {
   // Timed once: perhaps on buffers still warming up (Note [Streaming into the slots]); once more soon.
   const uint64_t gap = timed(w) < 2
                            ? kTryLeast
-                           : uint64_t(std::clamp(2 * (slower - 1) / kTryShare, double(kTryLeast), double(kTryMost)));
+                           : uint64_t(std::clamp(2 * (slower - 1) / kTryShare, double(kTryClose), double(kTryMost)));
   next_try_[int(w)] = decided_ + gap;
 }
 

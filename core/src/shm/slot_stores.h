@@ -35,7 +35,7 @@
 // ones; counted, such calls made the choice swing between the two ways). A change of state is
 // noticed within kKept calls if it slows the way in use; to notice one that speeds up another
 // way, each other way is tried for two calls now and then, the more rarely the slower it was, so
-// that trials cost about kTryShare of the time (schedule(): a way 15% slower is tried every 15
+// that trials cost about kTryShare of the time (schedule(): a way 50% slower is tried every 50
 // calls, twice as slow every 100, ten times every 900), but a way timed only once is tried again
 // after kTryLeast calls: the first calls of a size run on buffers still warming up (memory
 // a process has not used for a while is slow for its first milliseconds, Note [Warm buffers] in
@@ -54,6 +54,13 @@
 // is faster by more than kSwitchBelow: at W=2, 64 KiB, which of the single copy below and the
 // slots is faster changes with the state, and so did the way the runs took (their medians 7.8-8.7
 // us where the single copy was taken, 10.1-11.5 where the slots were; Open MPI 10.5-11.5).
+// But not every 8 calls, as a way tried once is (kTryLeast): at least kTryClose apart. With three
+// close ways, trials 8 calls apart put half the calls in a trial or in the change of way after one,
+// and those are the slower calls (the 2-core Xeon VM, W=2, 1 MiB all_gather with the matmul before
+// each call, five alternating rounds: p95 344-452 us with trials of close ways 32 calls apart
+// against 355-474 at 8, medians even; unloaded, four rounds, 1 MiB 240-268 against 249-266 us, p95
+// 301-342 against 326-457, 16 MiB 4.71-5.05 against 4.98-5.16 ms). 32 calls of 1 MiB take 10 ms,
+// and a state lasts seconds.
 //
 // An all_gather has a third way (Note [Single-copy collectives]): each rank reads its peers'
 // inputs through the kernel, one copy instead of two, and no line a peer holds is written. It won
@@ -106,9 +113,9 @@ class WayChoice {
   static constexpr double kSwitchBelow = 0.9;  // another way must be this much faster to switch
   // Trials of the other ways take about this share of the time of such calls: a way s times
   // slower than the way in use is tried for two calls every 2 (s - 1) / kTryShare calls, at
-  // least kTryLeast and at most kTryMost apart.
+  // least kTryClose and at most kTryMost apart; a way timed once, again after kTryLeast.
   static constexpr double kTryShare = 0.02;
-  static constexpr uint64_t kTryLeast = 8, kTryMost = 1024;
+  static constexpr uint64_t kTryLeast = 8, kTryClose = 32, kTryMost = 1024;
 
   // The way of the call after the one being made, among the `allowed` ways (way_bit()s): each
   // allowed way for two calls first (normal, streaming, single copy), then the way in use until
