@@ -208,10 +208,10 @@ TEST(ShmGroups, RankZeroTimesAgainAWayItTimedOnce) {
     ++normal_timed;  // normal stores' buffers warm up: twice as slow as streaming, then a little, then faster
     return normal_timed == 1 ? 3.0 : normal_timed == 2 ? 1.6 : 1.0;
   });
-  // Streaming on the first times; normal stores timed again at calls 14-15 (8 calls after their
-  // first time, not 100 as that time would say), 7% slower there, so tried again 32 calls after
-  // that time came in (kTryClose), and taken (the call after the trial was decided before the
-  // trial's time came in).
+  // Streaming on the first times; normal stores timed again soon, at calls 14-15 (they had one
+  // time: not 100 calls later, as that time would say), 7% slower there, so tried again 32 calls
+  // after that time came in (kTryClose), and taken (the call after the trial was decided before
+  // the trial's time came in).
   std::vector<int> streaming{3, 4};
   auto calls = [&](int from, int to) {
     for (int k = from; k <= to; ++k) streaming.push_back(k);
