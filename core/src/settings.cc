@@ -57,6 +57,10 @@ Settings read_settings(const EnvMap& env) {
     if (*v != 0 && *v != 1) throw InvalidArgument("CHORUS_SHM_STREAM_SLOTS must be 0 or 1");
     s.shm.stream_slots = *v == 1;
   }
+  if (auto v = env_int(env, "CHORUS_SHM_STAGE_BYTES")) {
+    if (*v < 0) throw InvalidArgument("CHORUS_SHM_STAGE_BYTES must be >= 0 (0: broadcasts stage nothing)");
+    s.shm.stage_bytes = size_t(*v);
+  }
   if (auto it = env.find("CHORUS_CROSS_ALGORITHM"); it != env.end()) {
     s.cross.algorithm = it->second;
     net::parse_forced(it->second, "CHORUS_CROSS_ALGORITHM");  // names checked here

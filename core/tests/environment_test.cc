@@ -262,6 +262,10 @@ TEST(Settings, ParsesAndRejects) {
   EXPECT_EQ(read_settings(EnvMap{{"CHORUS_SHM_STREAM_SLOTS", "0"}}).shm.stream_slots, false);
   EXPECT_EQ(read_settings(EnvMap{{"CHORUS_SHM_STREAM_SLOTS", "1"}}).shm.stream_slots, true);
   EXPECT_THROW(read_settings(EnvMap{{"CHORUS_SHM_STREAM_SLOTS", "yes"}}), InvalidArgument);
+  EXPECT_EQ(read_settings(EnvMap{}).shm.stage_bytes, size_t(64) << 20);
+  EXPECT_EQ(read_settings(EnvMap{{"CHORUS_SHM_STAGE_BYTES", "0"}}).shm.stage_bytes, 0u);  // none
+  EXPECT_EQ(read_settings(EnvMap{{"CHORUS_SHM_STAGE_BYTES", "1048576"}}).shm.stage_bytes, 1048576u);
+  EXPECT_THROW(read_settings(EnvMap{{"CHORUS_SHM_STAGE_BYTES", "-1"}}), InvalidArgument);
 }
 
 // What the errors of CHORUS_CROSS_ALGORITHM and CHORUS_CROSS_COST say.

@@ -36,6 +36,27 @@
 // 39.2 against 35.0-39.1 unloaded, medians 47.8 and 48.8 of seven rounds each beside the process.
 // Going a chunk per round through all of the 16 MiB was no better than a slot per round (27.4-33.4
 // against 28.2-31.5 in another session): the gain is the smaller ring.
+//
+// Note [Past the slots into the staging area]: a ring the message outgrows makes the root wait for
+// its slowest reader before each slot it writes again, so with more ranks than cores its time holds
+// every reader's copy of all but the ring's last 4 MiB (W=4: three 64 MiB copies on two cores,
+// beside a busy process). Open MPI's root waits for one reader. So the root goes on into the
+// group's staging area (segment.h, Note [A staging area for large broadcasts]) when the next slot is not free yet: the message's chunks land
+// in the slots as long as the readers keep up, in the staging area where they fall behind (the
+// staging area a ring of its own), and the root waits only once both the next slot and the next
+// staged place hold a chunk some reader has not copied out, for the older of the two. Which place chunk
+// k went to is in a table at the staging area's start, written before chunk k's post; a reader reads
+// it after the post. With 64 MiB staged the root of a 64 MiB broadcast writes it all and leaves.
+// Rank 0's time (the root), chorus-bench --tail, W=4 on 2 cores, 64 MiB, alternating rounds, median
+// ms: beside a CPU-bound process 18.4-18.9 and 17.6-19.4 against 25.5-29.2 through the slots alone
+// (Open MPI 16.0-24.8); unloaded 11.8-12.6 against 14.2-15.3 (Open MPI 12.9-15.0); W=8 loaded 31.4-
+// 32.2 against 34.7-40.6 (Open MPI 72-76). The last rank, unloaded, is where it was (W=2 64 MiB
+// 6.9-8.9 against 7.1-8.3). Staging every chunk from the first on, not only where the slots were
+// taken, gave the last rank of a 16 MiB broadcast at W=2 1.93-2.04 ms against the slots' 1.69-1.76:
+// the slots stay in cache, the staging area does not.
+
+#include <atomic>
+#include <vector>
 
 #include "shm/algorithms.h"
 #include "shm/copy.h"
@@ -44,25 +65,58 @@ namespace chorus::shm {
 
 namespace {
 
+// Note [Past the slots into the staging area]: where chunk k of a broadcast that outgrows the ring
+// went, a place of the ring's slots or of the staging area: entry k % kPlaceEntries of a table at
+// the start of the staging area, written by the root before it posts chunk k.
+constexpr size_t kPlaceEntries = 1024;
+constexpr size_t kPlaceTableBytes = kPlaceEntries * sizeof(uint32_t);
+
 // Note [Broadcast through every slot].
 void broadcast_through_ring(ShmGroup& g, const Call& c, uint8_t* buf, size_t bytes) {
   const bool root = g.rank() == c.root;
   const size_t ring = g.slot_count();
   // Note [A ring the message outgrows]: one chunk per slot when the slots cannot hold it all.
-  const size_t chunk = bytes > ring * g.slot_bytes() ? g.chunk_bytes() : g.slot_bytes();
+  const bool outgrows = bytes > ring * g.slot_bytes();
+  const size_t chunk = outgrows ? g.chunk_bytes() : g.slot_bytes();
   const size_t rounds = rounds_for(bytes, chunk);
   const uint32_t base = g.phase();
-  const size_t first = g.write_slot_index(c.root);  // the only slot free before the first sync
-  auto slot = [&](size_t k) { return g.slot_at((first + k) % ring); };
+  const size_t first = g.write_slot_index(c.root);   // the only slot free before the first sync
+  if (outgrows) g.reserve_stage();                   // Note [Past the slots into the staging area]
   SlotStores stores = g.slot_stores(c.kind, bytes);  // Note [Streaming into the slots]
-  if (root) copy_out(slot(0), buf, in_round(bytes, chunk, 0), stores.stream());
+  if (root) copy_out(g.slot_at(first), buf, in_round(bytes, chunk, 0), stores.stream());
   g.sync();  // phase base + 1: everyone is in the call; chunk 0 is in
   g.learn_slot_stores(stores);
+  // Places [0, ring) are the ring's slots from `first` on, [ring, places) the staging area's
+  // chunks. A chunk stays in its place until every reader has copied it out, so the root writes
+  // chunk k only once the slowest reader has copied out chunk k - places or a later one; the table
+  // holds more entries than there are places, so it writes entry k % kPlaceEntries again only
+  // after every reader has read it.
+  size_t staged = 0;
+  if (outgrows && g.stage_ready() && g.stage_bytes() > kPlaceTableBytes && ring + 1 < kPlaceEntries)
+    staged = std::min((g.stage_bytes() - kPlaceTableBytes) / chunk, kPlaceEntries - 1 - ring);
+  const size_t places = ring + staged;
+  auto* table = reinterpret_cast<std::atomic<uint32_t>*>(g.stage());
+  auto place = [&](size_t j) {
+    return j < ring ? g.slot_at((first + j) % ring) : g.stage() + kPlaceTableBytes + (j - ring) * chunk;
+  };
   if (root) {
+    // held[j]: the last chunk in place j, which the readers post base + 2 + held[j] for once they
+    // copied it out. Slots first, as long as the readers keep up: they stay in cache.
+    std::vector<int64_t> held(places, -1);
+    held[0] = 0;
+    size_t next_slot = 1 % ring, next_staged = ring;
+    auto is_free = [&](size_t j) { return held[j] < 0 || g.all_reached(base + 2 + uint32_t(held[j])); };
     for (size_t k = 1; k < rounds; ++k) {
-      // The readers post base + 2 + j once they copied chunk j out.
-      if (k >= ring) g.wait_all(base + 2 + uint32_t(k - ring));
-      copy_out(slot(k), buf + k * chunk, in_round(bytes, chunk, k), stores.stream());
+      size_t j = next_slot;
+      if (staged && !is_free(j) && (is_free(next_staged) || held[next_staged] < held[j])) j = next_staged;
+      if (held[j] >= 0) g.wait_all(base + 2 + uint32_t(held[j]));
+      if (j < ring)
+        next_slot = (next_slot + 1) % ring;
+      else
+        next_staged = next_staged + 1 == places ? ring : next_staged + 1;
+      held[j] = int64_t(k);
+      if (staged) table[k % kPlaceEntries].store(uint32_t(j), std::memory_order_relaxed);
+      copy_out(place(j), buf + k * chunk, in_round(bytes, chunk, k), stores.stream());
       g.post();  // phase base + 1 + k: chunk k is in
     }
     g.post_last();  // phase base + 1 + rounds, owed: every reader is done with the slots
@@ -70,7 +124,8 @@ void broadcast_through_ring(ShmGroup& g, const Call& c, uint8_t* buf, size_t byt
   }
   for (size_t k = 0; k < rounds; ++k) {
     if (k >= 1) g.wait_rank(c.root, base + 1 + uint32_t(k));
-    copy_out(buf + k * chunk, slot(k), in_round(bytes, chunk, k), bytes >= kStreamMinBytes);
+    const size_t j = k == 0 ? 0 : staged ? table[k % kPlaceEntries].load(std::memory_order_relaxed) : k % ring;
+    copy_out(buf + k * chunk, place(j), in_round(bytes, chunk, k), bytes >= kStreamMinBytes);
     g.post();  // phase base + 2 + k: chunk k is copied out
   }
   g.wait();  // phase base + 1 + rounds on every rank

@@ -30,10 +30,13 @@ void shm_fail(const std::string& who, const std::string& what, const std::string
   throw Error(detail::concat(who, ": ", what, " '", name, "': ", std::strerror(errno)));
 }
 
-int create_shm_object(const std::string& who, const std::string& name, size_t bytes, const std::string& hint) {
+int create_shm_object(const std::string& who, const std::string& name, size_t bytes, const std::string& hint,
+                      size_t unbacked) {
   const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) shm_fail(who, "cannot create", name);
-  if (int rc = posix_fallocate(fd, 0, off_t(bytes)); rc != 0) {
+  int rc = posix_fallocate(fd, 0, off_t(bytes));
+  if (rc == 0 && unbacked != 0 && ftruncate(fd, off_t(bytes + unbacked)) != 0) rc = errno;
+  if (rc != 0) {
     close(fd);
     shm_unlink(name.c_str());
     errno = rc;
@@ -55,7 +58,7 @@ uint32_t slot_depth(int world, int cores, size_t chunk_bytes) {
   return uint32_t(std::clamp<size_t>(fit, 1, kMaxSlotDepth));
 }
 
-Layout::Layout(int w, size_t chunk, uint32_t d) : world(w), depth(std::max<uint32_t>(d, 1)) {
+Layout::Layout(int w, size_t chunk, uint32_t d, size_t stage) : world(w), depth(std::max<uint32_t>(d, 1)) {
   chunk_bytes = round_up(std::max<size_t>(chunk, kLine * size_t(w)), kLine);
   slot_bytes = chunk_bytes * depth;
   // Rings are per ordered pair, so keep their total bounded for large groups.
@@ -67,25 +70,29 @@ Layout::Layout(int w, size_t chunk, uint32_t d) : world(w), depth(std::max<uint3
   slots_offset = round_up(ctrl_offset + ctrl_stride * size_t(w), 4096);
   channels_offset = round_up(slots_offset + size_t(w) * 2 * slot_bytes, 4096);
   channel_stride = 2 * sizeof(ChannelEnd) + 2 * (sizeof(ChunkHeader) + p2p_chunk);
-  total = round_up(channels_offset + pairs * channel_stride, 4096);
+  stage_offset = round_up(channels_offset + pairs * channel_stride, 4096);
+  stage_bytes = round_up(stage, 4096);
+  total = stage_offset + stage_bytes;
 }
 
-Segment::Segment(Store& store, int rank, int world, size_t chunk_bytes, uint32_t single_copy,
+Segment::Segment(Store& store, int rank, int world, size_t chunk_bytes, size_t stage_bytes, uint32_t single_copy,
                  Clock::time_point deadline, const std::string& group_name)
-    : layout_(world, chunk_bytes, 1) {
+    : layout_(world, chunk_bytes, 1, stage_bytes) {
   std::string name;
   int fd = -1;
   if (rank == 0) {
     // Note [Deep slots when ranks share cores]; one chunk deep where /dev/shm has no room for more.
-    layout_ = Layout(world, chunk_bytes, slot_depth(world, job_cores(), chunk_bytes));
+    layout_ = Layout(world, chunk_bytes, slot_depth(world, job_cores(), chunk_bytes), stage_bytes);
     for (;;) {
       name = unique_shm_name();
       try {
-        fd = create_shm_object("shared memory", name, layout_.total, " a smaller CHORUS_SHM_CHUNK_BYTES needs less");
+        // The staging area is backed only when a broadcast needs it (reserve_stage()).
+        fd = create_shm_object("shared memory", name, layout_.stage_offset,
+                               " a smaller CHORUS_SHM_CHUNK_BYTES needs less", layout_.stage_bytes);
         break;
       } catch (const Error&) {
         if (layout_.depth == 1) throw;
-        layout_ = Layout(world, chunk_bytes, 1);
+        layout_ = Layout(world, chunk_bytes, 1, stage_bytes);
       }
     }
   } else {
@@ -99,7 +106,10 @@ Segment::Segment(Store& store, int rank, int world, size_t chunk_bytes, uint32_t
     fail("cannot stat", name);
   }
   void* p = mmap(nullptr, size_t(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
+  if (rank == 0 && p != MAP_FAILED && layout_.stage_bytes != 0)
+    fd_ = fd;  // reserve_stage() backs the staging area later; the name is gone by then
+  else
+    close(fd);
   if (p == MAP_FAILED) {
     shm_unlink(name.c_str());
     fail("cannot map", name);
@@ -110,6 +120,7 @@ Segment::Segment(Store& store, int rank, int world, size_t chunk_bytes, uint32_t
     join(store, rank, world, single_copy, deadline, group_name, name);
   } catch (...) {
     munmap(base_, mapped_);  // the destructor does not run for a constructor that throws
+    if (fd_ >= 0) close(fd_);
     throw;
   }
 }
@@ -124,12 +135,14 @@ void Segment::join(Store& store, int rank, int world, uint32_t single_copy, Cloc
     h.p2p_chunk = layout_.p2p_chunk;
     h.cores = uint32_t(job_cores());
     h.single_copy = single_copy;
+    h.stage_bytes = layout_.stage_bytes;
+    h.stage_state.store(layout_.stage_bytes ? kStageUntried : kStageUnavailable);
     h.magic = kMagic;
     store.set("shm_name", name);
   } else {
     // The group runs on rank 0's slots, whatever this rank's settings say.
     if (header().magic == kMagic && header().world == uint32_t(world) && header().slot_depth >= 1)
-      layout_ = Layout(world, header().slot_bytes / header().slot_depth, header().slot_depth);
+      layout_ = Layout(world, header().slot_bytes / header().slot_depth, header().slot_depth, header().stage_bytes);
     if (header().magic != kMagic || header().world != uint32_t(world) || layout_.total != mapped_) {
       const std::string why =
           detail::concat("group '", group_name, "': rank 0 made the group for ", header().world, " ranks but rank ",
@@ -176,6 +189,15 @@ void Segment::join(Store& store, int rank, int world, uint32_t single_copy, Cloc
 
 Segment::~Segment() {
   if (base_) munmap(base_, mapped_);
+  if (fd_ >= 0) close(fd_);
+}
+
+void Segment::reserve_stage() {
+  Header& h = header();
+  if (h.stage_state.load(std::memory_order_relaxed) != kStageUntried) return;
+  // Where /dev/shm has no room the group goes on through its slots, as it would with no staging.
+  const bool ok = fd_ >= 0 && posix_fallocate(fd_, off_t(layout_.stage_offset), off_t(layout_.stage_bytes)) == 0;
+  h.stage_state.store(ok ? kStageReady : kStageUnavailable, std::memory_order_release);
 }
 
 }  // namespace chorus::shm

@@ -37,10 +37,12 @@ std::string unique_shm_name();
 // Throws Error("<who>: <what> '<name>': <errno's text>").
 [[noreturn]] void shm_fail(const std::string& who, const std::string& what, const std::string& name);
 
-// Creates the object `name` (which must not exist yet) with `bytes` allocated, and returns its
-// open descriptor. If the space cannot be had, unlinks the name and throws; `hint` follows the
-// message's question whether /dev/shm is large enough.
-int create_shm_object(const std::string& who, const std::string& name, size_t bytes, const std::string& hint = "");
+// Creates the object `name` (which must not exist yet) with `bytes` allocated and `unbacked` more
+// bytes after them that no memory backs yet, and returns its open descriptor. If the space cannot
+// be had, unlinks the name and throws; `hint` follows the message's question whether /dev/shm is
+// large enough.
+int create_shm_object(const std::string& who, const std::string& name, size_t bytes, const std::string& hint = "",
+                      size_t unbacked = 0);
 
 // Note [One line per call]: everything a peer needs to finish a small call sits in one cache
 // line: the descriptor, the inline payload, and the last phase the rank posted during this call.
@@ -107,9 +109,19 @@ struct alignas(kLine) Header {
   uint64_t slot_bytes;
   uint64_t p2p_chunk;
   std::atomic<uint32_t> attached;
-  uint32_t cores;        // rank 0's job_cores(), so that every rank picks the same algorithms
-  uint32_t single_copy;  // rank 0's SingleCopyMode (Note [Single-copy collectives])
+  uint32_t cores;                     // rank 0's job_cores(), so that every rank picks the same algorithms
+  uint32_t single_copy;               // rank 0's SingleCopyMode (Note [Single-copy collectives])
+  uint64_t stage_bytes;               // Note [A staging area for large broadcasts]
+  std::atomic<uint32_t> stage_state;  // StageState, set by rank 0 only
 };
+
+// Note [A staging area for large broadcasts]: besides its slots, a segment has room for
+// stage_bytes (CHORUS_SHM_STAGE_BYTES, rank 0's) that no memory backs until a broadcast needs it.
+// Rank 0 reserves it (posix_fallocate: /dev/shm may be too small, and a store into a page tmpfs
+// cannot back is a SIGBUS) before it posts the first phase of the first broadcast that outgrows
+// the ring of slots, and says in stage_state whether it could; every rank reads that after the
+// call's first sync, so all agree. Reserved, it stays so while the group lives.
+enum StageState : uint32_t { kStageUntried = 0, kStageReady = 1, kStageUnavailable = 2 };
 
 struct alignas(kLine) ChannelEnd {
   std::atomic<uint32_t> counter;  // chunks written (sender end) or consumed (receiver end)
@@ -157,18 +169,20 @@ struct Layout {
   size_t slot_bytes = 0;   // chunk_bytes * depth
   size_t p2p_chunk = 0;
   size_t ctrl_stride = 0;
-  size_t ctrl_offset = 0, slots_offset = 0, channels_offset = 0, channel_stride = 0, total = 0;
+  size_t ctrl_offset = 0, slots_offset = 0, channels_offset = 0, channel_stride = 0;
+  size_t stage_offset = 0, stage_bytes = 0;  // Note [A staging area for large broadcasts]
+  size_t total = 0;
   Layout() = default;
-  Layout(int world, size_t chunk_bytes, uint32_t depth);
+  Layout(int world, size_t chunk_bytes, uint32_t depth, size_t stage_bytes);
 };
 
 class Segment {
  public:
   // Collective over the group: creates or maps the segment (Note [Segment lifetime]) and waits
   // until every rank has mapped it. Throws TimeoutError naming the ranks that never came. Rank 0's
-  // chunk_bytes, slot depth and single_copy hold for the group.
-  Segment(Store& store, int rank, int world, size_t chunk_bytes, uint32_t single_copy, Clock::time_point deadline,
-          const std::string& group_name);
+  // chunk_bytes, slot depth, stage_bytes and single_copy hold for the group.
+  Segment(Store& store, int rank, int world, size_t chunk_bytes, size_t stage_bytes, uint32_t single_copy,
+          Clock::time_point deadline, const std::string& group_name);
   ~Segment();
   Segment(const Segment&) = delete;
   Segment& operator=(const Segment&) = delete;
@@ -186,6 +200,11 @@ class Segment {
   uint8_t* slot(int r, uint32_t phase) {
     return base_ + layout_.slots_offset + (size_t(r) * 2 + (phase & 1)) * layout_.slot_bytes;
   }
+  // Note [A staging area for large broadcasts]. reserve_stage() on rank 0 only, before it posts;
+  // stage_ready() on any rank once rank 0 has posted since.
+  void reserve_stage();
+  bool stage_ready() { return header().stage_state.load(std::memory_order_acquire) == kStageReady; }
+  uint8_t* stage() { return base_ + layout_.stage_offset; }
   // Ring of the ordered pair src -> dst: sender end, receiver end, then two chunks.
   uint8_t* channel(int src, int dst) {
     return base_ + layout_.channels_offset + (size_t(src) * layout_.world + dst) * layout_.channel_stride;
@@ -199,6 +218,7 @@ class Segment {
   Layout layout_;
   uint8_t* base_ = nullptr;
   size_t mapped_ = 0;
+  int fd_ = -1;  // rank 0's, for reserve_stage()
 };
 
 }  // namespace chorus::shm

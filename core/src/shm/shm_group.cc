@@ -12,7 +12,7 @@ ShmGroup::ShmGroup(Store& store, int rank, int world, const BackendOptions& opti
       world_(world),
       name_(options.group_name),
       named_(options),
-      seg_(store, rank, world, options.shm.chunk_bytes,
+      seg_(store, rank, world, options.shm.chunk_bytes, options.shm.stage_bytes.value_or(0),
            !options.shm.single_copy   ? kSingleCopyTimed
            : *options.shm.single_copy ? kSingleCopyAlways
                                       : kSingleCopyNever,
@@ -184,6 +184,18 @@ void ShmGroup::wait_for(uint32_t target, int only) {
     compared_ = true;
     compare();
   }
+}
+
+bool ShmGroup::all_reached(uint32_t target) {
+  const size_t line = call_ & 1;
+  for (int p = 0; p < world_; ++p) {
+    if (p == rank_) continue;
+    const CallLine& l = seg_.ctrl(p).calls[line];
+    if (!reached(l.phase.load(std::memory_order_acquire), target) ||
+        (l.flags.load(std::memory_order_acquire) & kLineAborted))
+      return false;
+  }
+  return true;
 }
 
 void ShmGroup::compare() {

@@ -90,6 +90,9 @@ class ShmGroup {
   // only rank `r`: for calls whose ranks post at their own pace (Note [Broadcast through every slot]).
   void wait_all(uint32_t target);
   void wait_rank(int r, uint32_t target);
+  // Whether every other rank has posted phase `target` (and none gave up on the call), without
+  // waiting: what wait_all(target) would return at once for.
+  bool all_reached(uint32_t target);
   uint32_t phase() const { return phase_; }  // the last phase this rank posted
   // The call's last phase on a rank that reads nothing after it: posts it and leaves the wait,
   // and the comparison of a call of one phase, to the next call (Note [Owed waits]).
@@ -104,6 +107,14 @@ class ShmGroup {
   uint8_t* slot_at(size_t j) { return seg_.slot(int(j / 2), uint32_t(j % 2)); }
   size_t write_slot_index(int r) const { return 2 * size_t(r) + ((phase_ + 1) & 1); }
   const uint8_t* read_slot(int r) { return seg_.slot(r, phase_); }
+  // Note [A staging area for large broadcasts]: reserve_stage() before the call's first post (it
+  // does something on rank 0 only), stage_ready() after its first sync.
+  void reserve_stage() {
+    if (rank_ == 0) seg_.reserve_stage();
+  }
+  bool stage_ready() { return seg_.stage_ready(); }
+  uint8_t* stage() { return seg_.stage(); }
+  size_t stage_bytes() const { return seg_.layout().stage_bytes; }
 
   // Waits until ready() for point-to-point call `c` with `peer`; `word` changes when ready()
   // may have become true. Throws like sync() does. Thread-safe: sends and receives on different

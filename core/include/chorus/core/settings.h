@@ -19,6 +19,10 @@
 //                              every rank, reads its peers' inputs directly (process_vm_readv)
 //                              where the kernel allows it; 0: never; unset: where rank 0 timed
 //                              that faster than the slots, lately, on calls of that size
+//   CHORUS_SHM_STAGE_BYTES     shared memory a group may stage a broadcast larger than its
+//                              slots in, so that the root need not wait for its readers
+//                              (default 67108864; 0: none; rank 0's value holds), reserved by
+//                              the group's first such broadcast while /dev/shm has room
 //   CHORUS_RECV_CACHE_MB       memory the torch layer keeps for reuse by large received tensors
 //                              once they are freed (default 512; 0: off). Fresh pages cost a
 //                              page fault each, which dominates receiving large objects.
@@ -48,8 +52,8 @@ struct Settings {
   std::string backend = "auto";
   // CHORUS_SHM_CHUNK_BYTES, CHORUS_SHM_SINGLE_COPY (nullopt: where measured faster, Note
   // [Single-copy collectives]), CHORUS_SHM_STREAM_SLOTS (nullopt: measured as the job runs, Note
-  // [Streaming into the slots]).
-  ShmOptions shm{.chunk_bytes = 512 * 1024};
+  // [Streaming into the slots]), CHORUS_SHM_STAGE_BYTES.
+  ShmOptions shm{.chunk_bytes = 512 * 1024, .stage_bytes = size_t(64) << 20};
   std::optional<int> shm_spin_us;
   // CHORUS_CROSS_ALGORITHM, CHORUS_CROSS_COST (Note [Choosing an algorithm between hosts]).
   CrossOptions cross;

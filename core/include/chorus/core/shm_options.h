@@ -21,11 +21,15 @@ struct ShmOptions {
   // CHORUS_SHM_STREAM_SLOTS, and if that is unset, rank 0 times both kinds as the job runs, for
   // each kind and size of call, and uses the faster. Rank 0's setting decides for the group.
   std::optional<bool> stream_slots;
+  // Shared memory a broadcast larger than the slots may stage its message in, reserved for the
+  // group's life by its first such broadcast, so that its root need not wait for its readers (0:
+  // none); nullopt: CHORUS_SHM_STAGE_BYTES or its default. Rank 0's value holds for the group.
+  std::optional<size_t> stage_bytes;
 
   // These options with every unset field taken from `fallback`.
   ShmOptions or_else(const ShmOptions& fallback) const {
     return {chunk_bytes ? chunk_bytes : fallback.chunk_bytes, single_copy ? single_copy : fallback.single_copy,
-            stream_slots ? stream_slots : fallback.stream_slots};
+            stream_slots ? stream_slots : fallback.stream_slots, stage_bytes ? stage_bytes : fallback.stage_bytes};
   }
 };
 
