@@ -41,12 +41,12 @@
 // its slowest reader before each slot it writes again, so with more ranks than cores its time holds
 // every reader's copy of all but the ring's last 4 MiB (W=4: three 64 MiB copies on two cores,
 // beside a busy process). Open MPI's root waits for one reader. So the root goes on into the
-// group's staging area (segment.h, Note [A staging area for large broadcasts]) when the next slot is not free yet: the message's chunks land
-// in the slots as long as the readers keep up, in the staging area where they fall behind (the
-// staging area a ring of its own), and the root waits only once both the next slot and the next
-// staged place hold a chunk some reader has not copied out, for the older of the two. Which place chunk
-// k went to is in a table at the staging area's start, written before chunk k's post; a reader reads
-// it after the post. With 64 MiB staged the root of a 64 MiB broadcast writes it all and leaves.
+// group's staging area (segment.h, Note [A staging area for large broadcasts]) when the next slot
+// is not free yet: the message's chunks land in the slots as long as the readers keep up, in the
+// staging area where they fall behind (the staging area a ring of its own), and the root waits
+// only once both the next slot and the next staged place hold a chunk some reader has not copied
+// out, for the older of the two. Which place chunk k went to is in a table at the staging area's
+// start, written before chunk k's post; a reader reads it after the post. With 64 MiB staged the root of a 64 MiB broadcast writes it all and leaves.
 // Rank 0's time (the root), chorus-bench --tail, W=4 on 2 cores, 64 MiB, alternating rounds, median
 // ms: beside a CPU-bound process 18.4-18.9 and 17.6-19.4 against 25.5-29.2 through the slots alone
 // (Open MPI 16.0-24.8); unloaded 11.8-12.6 against 14.2-15.3 (Open MPI 12.9-15.0); W=8 loaded 31.4-

@@ -163,17 +163,13 @@ void ShmGroup::wait_for(uint32_t target, int only) {
   for (int p = 0; p < world_; ++p) {
     if (p == rank_ || (only >= 0 && p != only)) continue;
     RankControl& peer = seg_.ctrl(p);
-    auto ready = [&] { return reached(peer.calls[line].phase.load(std::memory_order_acquire), target); };
+    auto ready = [&] { return posted(p, target); };
     if (!ready()) {
       wait_until(ready, peer.seq, peer.waiters, policy_, may_spin(peer.cpu), [&] {
         std::vector<int> missing;
         for (int q = 0; q < world_; ++q)
-          if (q != rank_ && (only < 0 || q == only) &&
-              !reached(seg_.ctrl(q).calls[line].phase.load(std::memory_order_acquire), target))
-            missing.push_back(q);
-        check_peers(missing, call_name(), started_, deadline_, [&](int q) {
-          return !reached(seg_.ctrl(q).calls[line].phase.load(std::memory_order_acquire), target);
-        });
+          if (q != rank_ && (only < 0 || q == only) && !posted(q, target)) missing.push_back(q);
+        check_peers(missing, call_name(), started_, deadline_, [&](int q) { return !posted(q, target); });
       });
     }
     // Note [Aborted in the call line]: the peer posted, but may have given up on this call since.
@@ -186,13 +182,14 @@ void ShmGroup::wait_for(uint32_t target, int only) {
   }
 }
 
+bool ShmGroup::posted(int p, uint32_t target) {
+  return reached(seg_.ctrl(p).calls[call_ & 1].phase.load(std::memory_order_acquire), target);
+}
+
 bool ShmGroup::all_reached(uint32_t target) {
-  const size_t line = call_ & 1;
   for (int p = 0; p < world_; ++p) {
     if (p == rank_) continue;
-    const CallLine& l = seg_.ctrl(p).calls[line];
-    if (!reached(l.phase.load(std::memory_order_acquire), target) ||
-        (l.flags.load(std::memory_order_acquire) & kLineAborted))
+    if (!posted(p, target) || (seg_.ctrl(p).calls[call_ & 1].flags.load(std::memory_order_acquire) & kLineAborted))
       return false;
   }
   return true;

@@ -166,6 +166,7 @@ class ShmGroup {
  private:
   void compare();                            // Note [Comparing calls] on every rank's published call
   void wait_for(uint32_t target, int only);  // wait_all (only < 0) and wait_rank
+  bool posted(int p, uint32_t target);       // whether peer p posted phase `target` of this call
   // Throws if the deadline passed, a peer in `awaited` died or left, or any peer aborted. A peer
   // that died or left is named only while still_waiting(peer) (when given) says this rank still
   // waits for it: it may have done its part just before it went (Note [Done, then gone]).
