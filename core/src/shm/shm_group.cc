@@ -195,6 +195,10 @@ bool ShmGroup::all_reached(uint32_t target) {
   return true;
 }
 
+void ShmGroup::yield_to(int r, uint32_t target) {
+  if (!posted(r, target) && seg_.ctrl(r).cpu.load(std::memory_order_relaxed) == sched_getcpu()) sched_yield();
+}
+
 void ShmGroup::compare() {
   // The common case first: every rank published the same descriptor (same call, kind, dtype, op,
   // root and count, none rejected), and no counts travel with it.

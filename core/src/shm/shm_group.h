@@ -93,6 +93,9 @@ class ShmGroup {
   // Whether every other rank has posted phase `target` (and none gave up on the call), without
   // waiting: what wait_all(target) would return at once for.
   bool all_reached(uint32_t target);
+  // Hands this rank's CPU over once if rank r has not posted phase `target` yet and last posted from
+  // this CPU: r is then runnable here, waiting for this CPU (Note [The root first]). Never waits.
+  void yield_to(int r, uint32_t target);
   uint32_t phase() const { return phase_; }  // the last phase this rank posted
   // The call's last phase on a rank that reads nothing after it: posts it and leaves the wait,
   // and the comparison of a call of one phase, to the next call (Note [Owed waits]).
