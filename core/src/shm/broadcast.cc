@@ -61,16 +61,18 @@
 // and its core-mate's, where Open MPI's root waits for one reader's copy. The readers need the
 // root's chunks, not the other way round, so a reader that finds the root last posted from its
 // own CPU, and still able to write on without it (the root has not posted the last chunk it may
-// write before this reader's next copy frees a place), yields that CPU once before each chunk
-// it copies: the root writes on, and the reader copies after it. Only for a message the ring
-// cannot hold, which leaves the cache anyway: a 16 MiB broadcast at W=4 fits the ring, and its
-// last rank, copying after the root rather than a slot behind it, read from memory rather than
-// cache (4 MiB L2): 3.9-4.2 ms against 3.0-3.9, its root 1.20 against 1.39-1.42 (Open MPI 1.83-1.95).
-// 64 MiB, alternating rounds on a 2-core Xeon VM, rank 0's median ms (the last rank's): W=4 unloaded
-// 6.95-7.45 against 12.3-13.6 (13.1-14.7 against 13.0-14.9), beside a CPU-bound process 7.6-9.5
-// against 16.8-19.3 (21.3-24.0 against 20.7-22.2); W=8 8.0-8.8 against 18.1-22.5 (23.0-24.0
-// against 24.1-24.2). Open MPI's root 12.0-12.1, 15.6-24.7 and 43.1-44.4 in the same rounds, its
-// last rank 34-36 ms at W=4. A rank bound to a core of its own never shares one with the root.
+// write before this reader's next copy frees a place), yields that CPU once before each chunk it
+// copies: the root writes on, and the reader copies after it. Only for a message the ring cannot
+// hold, which leaves the cache anyway: a 16 MiB broadcast at W=4 fits the ring, and there the
+// last rank, copying after the root rather than a slot behind it, read the slots from memory
+// rather than from its 2 MiB of L2: 3.9-4.2 ms against 3.0-3.9, though its root took 1.20 against
+// 1.39-1.42 (Open MPI 1.83-1.95). 64 MiB, alternating rounds on a 2-core Xeon VM, rank 0's median
+// ms (the last rank's): W=4 unloaded 6.95-7.45 against 12.3-13.6 (13.1-14.7 against 13.0-14.9),
+// beside a CPU-bound process 7.6-9.5 against 16.8-19.3 (21.3-24.0 against 20.7-22.2); W=8
+// 8.0-8.8 against 18.1-22.5 (23.0-24.0 against 24.1-24.2). Open MPI's root took 12.0-12.1,
+// 15.6-24.7 and 43.1-44.4 in the same rounds, its last rank 34-36 ms at W=4. A rank bound to a
+// core of its own never shares one with the root; where the root waits for another, slower reader,
+// the yield costs a switch there and back.
 
 #include <atomic>
 #include <vector>

@@ -94,7 +94,7 @@ class ShmGroup {
   // waiting: what wait_all(target) would return at once for.
   bool all_reached(uint32_t target);
   // Hands this rank's CPU over once if rank r has not posted phase `target` yet and last posted from
-  // this CPU: r is then runnable here, waiting for this CPU (Note [The root first]). Never waits.
+  // this CPU: r then, unless it sleeps, waits for this CPU (Note [The root first]). Never blocks.
   void yield_to(int r, uint32_t target);
   uint32_t phase() const { return phase_; }  // the last phase this rank posted
   // The call's last phase on a rank that reads nothing after it: posts it and leaves the wait,
