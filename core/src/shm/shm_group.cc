@@ -196,7 +196,7 @@ bool ShmGroup::all_reached(uint32_t target) {
 }
 
 void ShmGroup::yield_to(int r, uint32_t target) {
-  if (!posted(r, target) && seg_.ctrl(r).cpu.load(std::memory_order_relaxed) == sched_getcpu()) sched_yield();
+  if (!posted(r, target) && ran_here(seg_.ctrl(r).cpu)) sched_yield();
 }
 
 void ShmGroup::compare() {

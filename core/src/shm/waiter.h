@@ -140,10 +140,13 @@ struct SpinPolicy {
   static SpinPolicy for_group(int size);
 };
 
-// Whether a wait on a rank that last posted from `peer_cpu` may spin: not if that was this CPU.
-inline bool may_spin(const std::atomic<int32_t>& peer_cpu) {
-  return peer_cpu.load(std::memory_order_relaxed) != sched_getcpu();
+// Whether a rank that last posted from `peer_cpu` did so from the CPU this rank runs on.
+inline bool ran_here(const std::atomic<int32_t>& peer_cpu) {
+  return peer_cpu.load(std::memory_order_relaxed) == sched_getcpu();
 }
+
+// Whether a wait on a rank that last posted from `peer_cpu` may spin: not if that was this CPU.
+inline bool may_spin(const std::atomic<int32_t>& peer_cpu) { return !ran_here(peer_cpu); }
 
 // Waits until ready(). `word` is the futex word whose change makes ready() true, `waiters` its
 // sleepers count. Spins only if `spin` (may_spin). check() runs about every millisecond once
