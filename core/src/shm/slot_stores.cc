@@ -32,7 +32,13 @@ Way WayChoice::choose(unsigned allowed) {
   // over many more, and the fastest of those is luckier: switch only on a clear difference. The
   // first time every way has a time, the fastest is taken as it is.
   if (!settled_ || !(allowed & way_bit(use_)) || cost(best) < kSwitchBelow * cost(use_)) {
-    if (settled_ && best != use_) next_try_[int(use_)] = 0;  // the way left behind: scheduled below
+    // The way left behind is tried again soon, loud or not: its last times may come from a slow
+    // spell of the machine, which slows every way, and the way taken has older times.
+    if (settled_ && best != use_) {
+      next_try_[int(use_)] = decided_ + kTryClose;
+      leaving_ = true;
+      left_ = use_;
+    }
     use_ = best;
   }
   settled_ = true;
@@ -52,10 +58,26 @@ void WayChoice::took(Way w, double per_byte) {
   const bool first = !seen_, changed = w != last_;
   seen_ = true;
   last_ = w;
+  // The way left behind goes on for the call decided before it was left: no trial, and its next
+  // trial stays where choose() set it.
+  const bool left = leaving_ && w == left_;
+  // Every call of a trial counts for how loud it was, the first one (not counted below) and the
+  // call back after it too: they are the calls a trial slows.
+  if (in_trial_ && w != trial_way_) {  // the call back: the trial is over
+    in_trial_ = false;
+    peak_[int(trial_way_)] = std::max(trial_peak_, per_byte);
+    if (trial_way_ != use_) schedule(trial_way_);
+  } else if (settled_ && w != use_ && !left) {
+    if (!in_trial_) trial_peak_ = 0;
+    in_trial_ = true;
+    trial_way_ = w;
+    trial_peak_ = std::max(trial_peak_, per_byte);
+  }
+  if (w == use_) leaving_ = false;
   if (first || changed) return;
   Kept& k = kept_[int(w)];
   k.times[k.next++ % kKept] = per_byte;
-  if (settled_ && w != use_) schedule(w);  // a trial's time: the next trial goes by it
+  if (settled_ && w != use_ && !left) schedule(w);  // a trial's time: the next trial goes by it
 }
 
 double WayChoice::cost(Way w) const {
@@ -75,9 +97,11 @@ void WayChoice::schedule(Way w) {
   const double in_use = cost(use_);  // 0 where the way in use was not timed yet (the ways allowed changed)
   const double slower = in_use > 0 ? std::max(1.0, cost(w) / in_use) : 1.0;
   // Timed once: perhaps on buffers still warming up (Note [Streaming into the slots]); once more soon.
-  const uint64_t gap = timed(w) < 2
-                           ? kTryLeast
-                           : uint64_t(std::clamp(2 * (slower - 1) / kTryShare, double(kTryClose), double(kTryMost)));
+  // A loud trial (kLoud) of a slower way puts its calls among the slowest: tried at least kTryLoud
+  // calls apart.
+  const bool loud = slower > 1 && peak_[int(w)] > kLoud * in_use;
+  const double share_gap = std::max(2 * (slower - 1) / kTryShare, loud ? double(kTryLoud) : 0.0);
+  const uint64_t gap = timed(w) < 2 ? kTryLeast : uint64_t(std::clamp(share_gap, double(kTryClose), double(kTryMost)));
   next_try_[int(w)] = decided_ + gap;
 }
 

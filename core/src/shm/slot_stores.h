@@ -42,7 +42,7 @@
 // bench/chorus_bench.cc), and a way timed once there is judged on that call (W=2, 1 MiB
 // all_gather: normal stores timed once, on the second call, at up to 2.3x what they took 15 calls
 // later, and not tried again in the 50 calls after). The next trial is set once a trial's own
-// time is in, a call after its last call was decided (took()): set from the times before the
+// time is in, and again at the call back after it (took()): set from the times before the
 // trial, as it was, the gap followed the cold calls the trial was there to look past (W=2, 1 MiB
 // all_gather: normal stores at 350 us on the second call, 231 on their trial 15 calls later, tried
 // next 68 calls after that, where they took 137 against the single copy's 170-250). Trials at a
@@ -61,6 +61,26 @@
 // against 355-474 at 8, medians even; unloaded, four rounds, 1 MiB 240-268 against 249-266 us, p95
 // 301-342 against 326-457, 16 MiB 4.71-5.05 against 4.98-5.16 ms). 32 calls of 1 MiB take 10 ms,
 // and a state lasts seconds.
+// A trial costs more than its counted call: its first call finds the slots as the other way left
+// them, and so does the call back after it. On the Xeon VM (model 167), W=2: a 1 MiB broadcast's
+// streaming trial took 190-200 us on its first call and 75-80 on its second, where normal stores
+// took 45; a 1 MiB all_gather's trial of normal stores 200-250 us and then 161, against single
+// copies at 140. With the two slower ways tried 32-42 calls apart, 8% of the calls were trial calls
+// over 160 us, and beside a CPU-bound process those calls were the p95 of 400: 267-309 us against
+// Open MPI's 234-270, and 221-241 with streaming stores barred. So each trial keeps its slowest
+// call, the first and the call back included (peak_), and a slower way whose trial took more than
+// kLoud times the way in use is tried at least kTryLoud calls apart: three calls in 256, out of the
+// p95 (same runs: 223-241 us, medians 140-145 against Open MPI's 154-160). A change of state that
+// makes it the faster way is then seen within 256 calls, 40 ms at 1 MiB. A close way whose trials
+// are quiet keeps its pace (64 KiB all_gather, single copies against normal stores: every call of
+// a trial within 10% of the way in use).
+// A slow spell of the machine slows whichever way is in use (on the same VM normal stores took
+// 75-80 us instead of 45 for 8 to 60 calls of a 1 MiB broadcast in a row, now and then), and the
+// way in use's three kept times then turn the choice to a way with older, faster times, while the
+// way left behind keeps the spell's. So the way left behind is tried again kTryClose calls later,
+// whatever its times (W=2, 1 MiB all_gather beside the CPU-bound process: single copies left at
+// 190 us for normal stores at 177 were not tried again for 256 calls, and normal stores, 160 once
+// the spell was over, made the run's median: 165 us against the single copies' 140).
 //
 // An all_gather has a third way (Note [Single-copy collectives]): each rank reads its peers'
 // inputs through the kernel, one copy instead of two, and no line a peer holds is written. It won
@@ -116,6 +136,11 @@ class WayChoice {
   // least kTryClose and at most kTryMost apart; a way timed once, again after kTryLeast.
   static constexpr double kTryShare = 0.02;
   static constexpr uint64_t kTryLeast = 8, kTryClose = 32, kTryMost = 1024;
+  // A trial is loud where one of its calls, or the call back after it, took more than kLoud times
+  // the way in use: such a way is tried at least kTryLoud calls apart, so that trials stay out of
+  // the slowest 5% of calls (Note [Streaming into the slots]).
+  static constexpr double kLoud = 1.25;
+  static constexpr uint64_t kTryLoud = 256;
 
   // The way of the call after the one being made, among the `allowed` ways (way_bit()s): each
   // allowed way for two calls first (normal, streaming, single copy), then the way in use until
@@ -141,6 +166,7 @@ class WayChoice {
   // Sets when way `w` is tried next (Note [Streaming into the slots]), from its times so far.
   void schedule(Way w);
   Kept kept_[kWays];
+  double peak_[kWays] = {};        // the slowest call of each way's last trial, or of the call back after it
   uint64_t next_try_[kWays] = {};  // the call that starts the next trial of each way; 0: none set
   uint64_t decided_ = 1;           // the call last decided (the first goes the first allowed way)
   Way use_ = Way::kNormal;         // the way in use
@@ -149,6 +175,11 @@ class WayChoice {
   Way tried_ = Way::kNormal;
   Way last_ = Way::kNormal;  // the way of the last call timed
   bool seen_ = false;        // a call was timed
+  bool in_trial_ = false;    // the last call timed was a trial's, of way trial_way_
+  Way trial_way_ = Way::kNormal;
+  double trial_peak_ = 0;  // the slowest of its calls so far
+  bool leaving_ = false;   // use_ was just changed from left_; no call of use_ timed since
+  Way left_ = Way::kNormal;
 };
 
 // A cheap clock for comparing one way of storing with the other: the time-stamp counter where
