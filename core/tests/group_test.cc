@@ -170,13 +170,13 @@ TEST(ShmGroups, RankZeroStreamsIntoTheSlotsWhereThatWasFaster) {
   shm::WayChoice choice;
   // Each way twice first, then the faster timed so far (streaming's second call is timed only
   // once the call after it is decided), then the faster, but the other for two calls once more
-  // soon (it was timed once), counted from the call back after that trial; then, twice as slow,
-  // its trial calls are among the slowest (kLoud): tried 256 calls apart (kTryLoud), not every 2
-  // (s - 1) / 2% = 100.
-  auto went = run_choice(choice, stores, 300, [](Way w) { return w == Way::kStream ? 1.0 : 2.0; });
+  // soon (it was timed once), counted from the call back after that trial; then every 2 (s - 1) /
+  // 2% = 100 calls, s how much slower it was, until it has three times; then, twice as slow, its
+  // trial calls among the slowest (kLoud), 256 calls apart (kTryLoud).
+  auto went = run_choice(choice, stores, 400, [](Way w) { return w == Way::kStream ? 1.0 : 2.0; });
   EXPECT_EQ(std::vector<Way>(went.begin(), went.begin() + 6),
             (std::vector<Way>{Way::kNormal, Way::kNormal, Way::kStream, Way::kStream, Way::kNormal, Way::kStream}));
-  EXPECT_EQ(not_going(went, Way::kStream), (std::vector<int>{1, 2, 5, 15, 16, 274, 275}));
+  EXPECT_EQ(not_going(went, Way::kStream), (std::vector<int>{1, 2, 5, 15, 16, 118, 119, 377, 378}));
   // A way ten times slower is tried every 900 calls: trials stay out of the slowest 5% of calls;
   // one 10% slower, whose trials are quiet, not every 10 but every 32 or so (kTryClose): a trial
   // and the change of way after it are slower calls whatever the way costs.
@@ -189,13 +189,13 @@ TEST(ShmGroups, RankZeroStreamsIntoTheSlotsWhereThatWasFaster) {
             (std::vector<int>{1, 2, 5, 15, 16, 50, 51, 85, 86}));
   // The same close way, but the first call of each trial, after the change of way, twice as slow
   // (streaming stores leave the slots in memory, and normal stores fetch them back): loud, so
-  // tried 256 calls apart as well.
+  // tried 256 calls apart once it has three times.
   shm::WayChoice loud;
   EXPECT_EQ(not_going(run_choice(
-                          loud, stores, 300, [](Way w) { return w == Way::kStream ? 1.0 : 1.1; }, 2.0),
+                          loud, stores, 350, [](Way w) { return w == Way::kStream ? 1.0 : 1.1; }, 2.0),
                       Way::kStream),
-            (std::vector<int>{1, 2, 5, 15, 16, 274, 275}));
-  // Back to the first choice, after its 300 calls:
+            (std::vector<int>{1, 2, 5, 15, 16, 50, 51, 309, 310}));
+  // Back to the first choice, after its 400 calls:
   choice.took(Way::kStream, 9.0);  // one slow call (a preemption) does not turn the choice
   EXPECT_EQ(choice.choose(stores), Way::kStream);
   choice.took(Way::kStream, 2.1);  // nor does a small difference:
@@ -248,13 +248,13 @@ TEST(ShmGroups, RankZeroTriesAgainTheWayItLeft) {
     if (w == Way::kNormal) return timed >= 60 && timed < 65 ? 2.6 : 1.3;
     return timed >= 60 && timed < 65 ? 2.0 : 1.0;  // the spell: every way twice as slow
   });
-  std::vector<int> normal{1, 2, 5, 15, 16};
-  for (int k = 70; k <= 101; ++k) normal.push_back(k);
-  // Streaming's trial at 102-103, the call back at 104, then streaming; normal stores, left behind
+  std::vector<int> normal{1, 2, 5, 15, 16, 50, 51};
+  for (int k = 72; k <= 103; ++k) normal.push_back(k);
+  // Streaming's trial at 104-105, the call back at 106, then streaming; normal stores, left behind
   // in turn, are tried 32 calls later, and after that every 256 (their trials are loud).
-  normal.push_back(104);
-  normal.push_back(137);
-  normal.push_back(138);
+  normal.push_back(106);
+  normal.push_back(139);
+  normal.push_back(140);
   EXPECT_EQ(not_going(went, Way::kStream), normal);
 }
 
@@ -272,13 +272,13 @@ TEST(ShmGroups, RankZeroReadsThePeersWhereThatWasFaster) {
             (std::vector<Way>{Way::kNormal, Way::kNormal, Way::kStream, Way::kStream, Way::kSingleCopy,
                               Way::kSingleCopy, Way::kStream, Way::kSingleCopy}));
   // Each other way, timed once, is tried once more soon (normal stores, then streaming: one trial
-  // waits for the other); then both, two and three times as slow, their trials loud, every 256
-  // calls or so, one after the other.
+  // waits for the other); then streaming, twice as slow, 100 calls later, normal stores, three
+  // times, 200; then, with three times each and their trials loud, every 256 calls or so.
   EXPECT_EQ(not_going(went, Way::kSingleCopy),
-            (std::vector<int>{1, 2, 3, 4, 7, 16, 17, 18, 19, 275, 276, 277, 278, 534, 535, 536, 537}));
+            (std::vector<int>{1, 2, 3, 4, 7, 16, 17, 18, 19, 121, 122, 219, 220, 380, 381, 478, 479}));
   auto way_of = [&](int call) { return went[size_t(call - 1)]; };  // calls numbered from 1
-  for (int call : {16, 17, 275, 276, 534, 535}) EXPECT_EQ(way_of(call), Way::kNormal) << call;
-  for (int call : {18, 19, 277, 278, 536, 537}) EXPECT_EQ(way_of(call), Way::kStream) << call;
+  for (int call : {16, 17, 219, 220, 478, 479}) EXPECT_EQ(way_of(call), Way::kNormal) << call;
+  for (int call : {18, 19, 121, 122, 380, 381}) EXPECT_EQ(way_of(call), Way::kStream) << call;
   // Single copies were stopped: the choice goes on between the other two, on their times.
   const unsigned stores = shm::way_bit(Way::kNormal) | shm::way_bit(Way::kStream);
   EXPECT_EQ(choice.choose(stores), Way::kStream);
