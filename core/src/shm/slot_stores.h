@@ -69,8 +69,8 @@
 // over 160 us, and beside a CPU-bound process those calls were the p95 of 400: 267-309 us against
 // Open MPI's 234-270, and 221-241 with streaming stores barred. So each trial keeps its slowest
 // call, the first and the call back included (peak_), and a slower way whose trial took more than
-// kLoud times the way in use is tried at least kTryLoud calls apart: three calls in 256, out of the
-// p95 (same runs: 223-241 us, medians 140-145 against Open MPI's 154-160). A change of state that
+// kLoud times the way in use, once it has kKept times as the way in use has, is tried at least
+// kTryLoud calls apart: three calls in 256, out of the p95 (same runs: 223-241 us, medians 140-145 against Open MPI's 154-160). A change of state that
 // makes it the faster way is then seen within 256 calls, 40 ms at 1 MiB. A close way whose trials
 // are quiet keeps its pace (64 KiB all_gather, single copies against normal stores: every call of
 // a trial within 10% of the way in use).
@@ -80,7 +80,10 @@
 // way left behind keeps the spell's. So the way left behind is tried again kTryClose calls later,
 // whatever its times (W=2, 1 MiB all_gather beside the CPU-bound process: single copies left at
 // 190 us for normal stores at 177 were not tried again for 256 calls, and normal stores, 160 once
-// the spell was over, made the run's median: 165 us against the single copies' 140).
+// the spell was over, made the run's median: 165 us against the single copies' 140). A way that
+// has fewer than kKept times is not judged loud: its few times may all have met a spell (a 1 MiB
+// broadcast's normal stores timed twice at 80 us, streaming's 78 taken, and the call back to
+// streaming after their trial 195: not tried again in the run, whose median was 80 against 45-50).
 //
 // An all_gather has a third way (Note [Single-copy collectives]): each rank reads its peers'
 // inputs through the kernel, one copy instead of two, and no line a peer holds is written. It won
@@ -137,8 +140,8 @@ class WayChoice {
   static constexpr double kTryShare = 0.02;
   static constexpr uint64_t kTryLeast = 8, kTryClose = 32, kTryMost = 1024;
   // A trial is loud where one of its calls, or the call back after it, took more than kLoud times
-  // the way in use: such a way is tried at least kTryLoud calls apart, so that trials stay out of
-  // the slowest 5% of calls (Note [Streaming into the slots]).
+  // the way in use: such a way, slower and with kKept times, is tried at least kTryLoud calls
+  // apart, so that trials stay out of the slowest 5% of calls (Note [Streaming into the slots]).
   static constexpr double kLoud = 1.25;
   static constexpr uint64_t kTryLoud = 256;
 
