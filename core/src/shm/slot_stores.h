@@ -70,10 +70,11 @@
 // Open MPI's 234-270, and 221-241 with streaming stores barred. So each trial keeps its slowest
 // call, the first and the call back included (peak_), and a slower way whose trial took more than
 // kLoud times the way in use, once it has kKept times as the way in use has, is tried at least
-// kTryLoud calls apart: three calls in 256, out of the p95 (same runs: 223-241 us, medians 140-145 against Open MPI's 154-160). A change of state that
-// makes it the faster way is then seen within 256 calls, 40 ms at 1 MiB. A close way whose trials
-// are quiet keeps its pace (64 KiB all_gather, single copies against normal stores: every call of
-// a trial within 10% of the way in use).
+// kTryLoud calls apart: three calls in 256, out of the p95 (bench/compare.py --load, three runs
+// each: 214-257 us against 268-328 before, Open MPI 260-278; medians 142-154 against 144-164). A
+// change of state that makes it the faster way is then seen within 256 calls, 40 ms at 1 MiB. A
+// close way whose trials are quiet keeps its pace (64 KiB all_gather, single copies against normal
+// stores: every call of a trial within 10% of the way in use).
 // A slow spell of the machine slows whichever way is in use (on the same VM normal stores took
 // 75-80 us instead of 45 for 8 to 60 calls of a 1 MiB broadcast in a row, now and then), and the
 // way in use's three kept times then turn the choice to a way with older, faster times, while the
@@ -81,9 +82,10 @@
 // whatever its times (W=2, 1 MiB all_gather beside the CPU-bound process: single copies left at
 // 190 us for normal stores at 177 were not tried again for 256 calls, and normal stores, 160 once
 // the spell was over, made the run's median: 165 us against the single copies' 140). A way that
-// has fewer than kKept times is not judged loud: its few times may all have met a spell (a 1 MiB
-// broadcast's normal stores timed twice at 80 us, streaming's 78 taken, and the call back to
-// streaming after their trial 195: not tried again in the run, whose median was 80 against 45-50).
+// has fewer than kKept times is not judged loud: its few times may all have met a spell (in a
+// build that judged them so, a 1 MiB broadcast's normal stores timed twice at 80 us, streaming's
+// 78 taken, and the call back to streaming after their trial 195: normal stores were not tried
+// again in the run, whose median was 80 us against 45-50).
 //
 // An all_gather has a third way (Note [Single-copy collectives]): each rank reads its peers'
 // inputs through the kernel, one copy instead of two, and no line a peer holds is written. It won
