@@ -1,0 +1,163 @@
+// Rank 0's choice of the way a staged call moves its data (Note [Streaming into the slots]):
+// WayChoice on its own, fed the times a group would give it, call after call.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <vector>
+
+#include "shm/slot_stores.h"
+
+namespace chorus::test {
+namespace {
+
+// The choice itself, one call ahead as the group makes it: the faster way by the fastest of its
+// last times, and the others now and then, so that a change is seen. `cost` gives a way's time;
+// each call reports `switching` where it is not counted (the first call, a call that went another
+// way than the one before): 0.1 by default, a time that would turn the choice if it were counted.
+// The ways the calls went.
+std::vector<shm::Way> run_choice(shm::WayChoice& choice, unsigned allowed, int calls,
+                                 const std::function<double(shm::Way)>& cost, double switching = 0.1) {
+  std::vector<shm::Way> went;
+  shm::Way way = shm::Way(__builtin_ctz(allowed));  // the first call goes the first allowed way
+  for (int call = 1; call <= calls; ++call) {
+    const shm::Way next = choice.choose(allowed);  // at the call's start, for the next one
+    choice.took(way, call == 1 || (call > 1 && went.back() != way) ? switching : cost(way));
+    went.push_back(way);
+    way = next;
+  }
+  return went;
+}
+
+// The calls among `went` (numbered from 1) that did not go `way`.
+std::vector<int> not_going(const std::vector<shm::Way>& went, shm::Way way) {
+  std::vector<int> calls;
+  for (size_t i = 0; i < went.size(); ++i)
+    if (went[i] != way) calls.push_back(int(i) + 1);
+  return calls;
+}
+
+TEST(WayChoice, RankZeroStreamsIntoTheSlotsWhereThatWasFaster) {
+  using shm::Way;
+  const unsigned stores = shm::way_bit(Way::kNormal) | shm::way_bit(Way::kStream);
+  shm::WayChoice choice;
+  // Each way twice first, then the faster timed so far (streaming's second call is timed only
+  // once the call after it is decided), then the faster, but the other for two calls once more
+  // soon (it was timed once), counted from the call back after that trial; then every 2 (s - 1) /
+  // 2% = 100 calls, s how much slower it was, until it has three times; then, twice as slow, its
+  // trial calls among the slowest (kLoud), 256 calls apart (kTryLoud).
+  auto went = run_choice(choice, stores, 400, [](Way w) { return w == Way::kStream ? 1.0 : 2.0; });
+  EXPECT_EQ(std::vector<Way>(went.begin(), went.begin() + 6),
+            (std::vector<Way>{Way::kNormal, Way::kNormal, Way::kStream, Way::kStream, Way::kNormal, Way::kStream}));
+  EXPECT_EQ(not_going(went, Way::kStream), (std::vector<int>{1, 2, 5, 15, 16, 118, 119, 377, 378}));
+  // A way ten times slower is tried every 900 calls: trials stay out of the slowest 5% of calls;
+  // one 10% slower, whose trials are quiet, not every 10 but every 32 or so (kTryClose): a trial
+  // and the change of way after it are slower calls whatever the way costs.
+  shm::WayChoice far;
+  EXPECT_EQ(
+      not_going(run_choice(far, stores, 1000, [](Way w) { return w == Way::kStream ? 1.0 : 10.0; }), Way::kStream),
+      (std::vector<int>{1, 2, 5, 15, 16, 918, 919}));
+  shm::WayChoice close;
+  EXPECT_EQ(not_going(run_choice(close, stores, 90, [](Way w) { return w == Way::kStream ? 1.0 : 1.1; }), Way::kStream),
+            (std::vector<int>{1, 2, 5, 15, 16, 50, 51, 85, 86}));
+  // The same close way, but the first call of each trial, after the change of way, twice as slow
+  // (streaming stores leave the slots in memory, and normal stores fetch them back): loud, so
+  // tried 256 calls apart once it has three times.
+  shm::WayChoice loud;
+  EXPECT_EQ(not_going(run_choice(
+                          loud, stores, 350, [](Way w) { return w == Way::kStream ? 1.0 : 1.1; }, 2.0),
+                      Way::kStream),
+            (std::vector<int>{1, 2, 5, 15, 16, 50, 51, 309, 310}));
+  // Back to the first choice, after its 400 calls:
+  choice.took(Way::kStream, 9.0);  // one slow call (a preemption) does not turn the choice
+  EXPECT_EQ(choice.choose(stores), Way::kStream);
+  choice.took(Way::kStream, 2.1);  // nor does a small difference:
+  choice.took(Way::kStream, 2.1);  // the way in use keeps going until the other is clearly faster
+  EXPECT_EQ(choice.choose(stores), Way::kStream);
+  choice.took(Way::kStream, 3.0);  // the cores moved: streaming is now the slower way, and the
+  choice.took(Way::kStream, 3.0);  // kept times of streaming all say so
+  choice.took(Way::kStream, 3.0);
+  EXPECT_EQ(choice.choose(stores), Way::kNormal);
+}
+
+// A way timed once, on buffers still warming up (bench/chorus_bench.cc's Note [Warm buffers]),
+// is timed again soon; each trial's own time sets when the next comes, and the way is taken once
+// it is the faster.
+TEST(WayChoice, RankZeroTimesAgainAWayItTimedOnce) {
+  using shm::Way;
+  const unsigned stores = shm::way_bit(Way::kNormal) | shm::way_bit(Way::kStream);
+  shm::WayChoice choice;
+  int normal_timed = 0;
+  auto went = run_choice(choice, stores, 90, [&](Way w) {
+    if (w == Way::kStream) return 1.5;
+    ++normal_timed;  // normal stores' buffers warm up: twice as slow as streaming, then a little, then faster
+    return normal_timed == 1 ? 3.0 : normal_timed == 2 ? 1.6 : 1.0;
+  });
+  // Streaming on the first times; normal stores timed again soon, at calls 15-16 (they had one
+  // time: not 100 calls later, as that time would say), 7% slower there, so tried again 32 calls
+  // after the call back (kTryClose), and taken (the call after the trial was decided before the
+  // trial's time came in). Streaming, the way left behind, is tried again 32 calls later.
+  std::vector<int> streaming{3, 4};
+  auto calls = [&](int from, int to) {
+    for (int k = from; k <= to; ++k) streaming.push_back(k);
+  };
+  calls(6, 14);
+  calls(17, 49);
+  calls(52, 52);
+  calls(85, 86);
+  EXPECT_EQ(not_going(went, Way::kNormal), streaming);
+}
+
+// A slow spell of the machine slows whichever way is in use: three slow calls of streaming turn the
+// choice to normal stores, whose times are older. Streaming, the way left behind, is tried again
+// 32 calls later (kTryClose) whatever its last times say, and taken back.
+TEST(WayChoice, RankZeroTriesAgainTheWayItLeft) {
+  using shm::Way;
+  const unsigned stores = shm::way_bit(Way::kNormal) | shm::way_bit(Way::kStream);
+  shm::WayChoice choice;
+  int timed = 0;  // the calls timed so far, the clock of the spell
+  auto went = run_choice(choice, stores, 200, [&](Way w) {
+    ++timed;
+    if (w == Way::kNormal) return timed >= 60 && timed < 65 ? 2.6 : 1.3;
+    return timed >= 60 && timed < 65 ? 2.0 : 1.0;  // the spell: every way twice as slow
+  });
+  std::vector<int> normal{1, 2, 5, 15, 16, 50, 51};
+  for (int k = 72; k <= 103; ++k) normal.push_back(k);
+  // Streaming's trial at 104-105, the call back at 106, then streaming; normal stores, left behind
+  // in turn, are tried 32 calls later, and after that every 256 (their trials are loud).
+  normal.push_back(106);
+  normal.push_back(139);
+  normal.push_back(140);
+  EXPECT_EQ(not_going(went, Way::kStream), normal);
+}
+
+// Note [Single-copy collectives] as a third way: tried after the two ways of storing, taken where
+// it is the fastest, and each other way tried as often as its cost says; one allowed way is no
+// choice at all.
+TEST(WayChoice, RankZeroReadsThePeersWhereThatWasFaster) {
+  using shm::Way;
+  const unsigned all = shm::way_bit(Way::kNormal) | shm::way_bit(Way::kStream) | shm::way_bit(Way::kSingleCopy);
+  shm::WayChoice choice;
+  auto went = run_choice(choice, all, 600, [](Way w) {
+    return w == Way::kSingleCopy ? 1.0 : w == Way::kStream ? 2.0 : 3.0;
+  });
+  EXPECT_EQ(std::vector<Way>(went.begin(), went.begin() + 8),
+            (std::vector<Way>{Way::kNormal, Way::kNormal, Way::kStream, Way::kStream, Way::kSingleCopy,
+                              Way::kSingleCopy, Way::kStream, Way::kSingleCopy}));
+  // Each other way, timed once, is tried once more soon (normal stores, then streaming: one trial
+  // waits for the other); then streaming, twice as slow, 100 calls later, normal stores, three
+  // times, 200; then, with three times each and their trials loud, every 256 calls or so.
+  EXPECT_EQ(not_going(went, Way::kSingleCopy),
+            (std::vector<int>{1, 2, 3, 4, 7, 16, 17, 18, 19, 121, 122, 219, 220, 380, 381, 478, 479}));
+  auto way_of = [&](int call) { return went[size_t(call - 1)]; };  // calls numbered from 1
+  for (int call : {16, 17, 219, 220, 478, 479}) EXPECT_EQ(way_of(call), Way::kNormal) << call;
+  for (int call : {18, 19, 121, 122, 380, 381}) EXPECT_EQ(way_of(call), Way::kStream) << call;
+  // Single copies were stopped: the choice goes on between the other two, on their times.
+  const unsigned stores = shm::way_bit(Way::kNormal) | shm::way_bit(Way::kStream);
+  EXPECT_EQ(choice.choose(stores), Way::kStream);
+  shm::WayChoice told;  // a setting leaves one way: no trials
+  EXPECT_EQ(not_going(run_choice(told, shm::way_bit(Way::kSingleCopy), 100, [](Way) { return 1.0; }), Way::kSingleCopy),
+            std::vector<int>{});
+}
+
+}  // namespace
+}  // namespace chorus::test
