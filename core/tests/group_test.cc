@@ -218,10 +218,14 @@ TEST(ShmGroups, WaitsCountEveryRankOnThisMachineAgainstItsCores) {
     // Not oversubscribed by itself, a group of one spins, unless a group saw more ranks here
     // than cores: this one did, all of them on this kernel.
     RANK_CHECK(world.size() == crowd, "world of ", world.size());
+    // Nor may it spin where no rank of its own shares its CPU: the job's other ranks may.
     const auto p = shm::SpinPolicy::for_group(1);
-    RANK_CHECK(p.spin_for == Clock::duration::zero() && p.yield_for == std::chrono::microseconds(100), "a wait spins ",
-               p.spin_for.count(), " and yields ", p.yield_for.count(), " (ns) with ", crowd, " ranks on ", crowd - 1,
-               " cores");
+    RANK_CHECK(p.crowded && !p.spin_alone && p.yield_for == std::chrono::microseconds(100), "a wait ",
+               p.crowded ? "counts" : "does not count", " itself crowded, ", p.spin_alone ? "spins" : "does not spin",
+               " alone and yields ", p.yield_for.count(), " ns with ", crowd, " ranks on ", crowd - 1, " cores");
+    const auto whole = shm::SpinPolicy::for_group(crowd);
+    RANK_CHECK(whole.crowded && whole.spin_alone, "a group of all ", crowd, " ranks on ", crowd - 1, " cores ",
+               whole.spin_alone ? "spins" : "does not spin", " where it is alone");
   }));
 }
 
@@ -248,6 +252,34 @@ TEST(ShmGroups, RanksBoundToACoreEachCountTheirCoresTogether) {
     float x = float(ctx.rank + 1);
     comm->all_reduce(&x, &x, 1, DataType::Float32, ReduceOp::Sum);
     RANK_CHECK(x == 3.0f, "sum ", x);
+  }));
+}
+
+// Note [A rank alone beside busy cores]: with more ranks than cores, a rank that no rank of its group
+// shares a CPU with may spin on its peers; the ranks that share one never do.
+TEST(ShmGroups, OnlyARankAloneOnItsCpuSpinsWhenRanksOutnumberTheCores) {
+  if (settings().shm_spin_us) GTEST_SKIP() << "CHORUS_SHM_SPIN_US is set";
+  if (shm::usable_cores() < 2) GTEST_SKIP() << "one CPU";
+  const std::vector<int> cpus = shm::parse_cpu_list(shm::usable_cpu_list());
+  expect_all_ok(run_ranks(3, [&](RankContext& ctx) {
+    const int cpu = cpus[ctx.rank == 2 ? 1 : 0];  // ranks 0 and 1 share a CPU, rank 2 has one
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    RANK_CHECK(sched_setaffinity(0, sizeof(one), &one) == 0, "cannot bind to CPU ", cpu);
+    CommunicatorOptions options;
+    options.backend = "shm";
+    auto comm = Communicator::create(ctx.store, ctx.rank, ctx.world, options);  // notes 3 ranks on 2 CPUs
+    BackendOptions group;
+    group.group_name = "alone";
+    group.deadline = Clock::now() + 30s;
+    shm::ShmGroup g(*ctx.store, ctx.rank, ctx.world, group);
+    g.sync();  // every rank posted once, from its CPU
+    const bool alone = ctx.rank == 2;
+    for (int peer : {-1, (ctx.rank + 1) % 3})
+      RANK_CHECK(g.may_spin_for(peer) == alone, "a wait on ", peer < 0 ? "any rank" : "rank " + std::to_string(peer),
+                 alone ? " does not spin, alone on CPU " : " spins beside another rank on CPU ", cpu);
+    g.sync();  // no rank leaves while another still reads its CPU
   }));
 }
 

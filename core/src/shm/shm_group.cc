@@ -165,7 +165,7 @@ void ShmGroup::wait_for(uint32_t target, int only) {
     RankControl& peer = seg_.ctrl(p);
     auto ready = [&] { return posted(p, target); };
     if (!ready()) {
-      wait_until(ready, peer.seq, peer.waiters, policy_, may_spin(peer.cpu), [&] {
+      wait_until(ready, peer.seq, peer.waiters, policy_, may_spin_for(p), [&] {
         std::vector<int> missing;
         for (int q = 0; q < world_; ++q)
           if (q != rank_ && (only < 0 || q == only) && !posted(q, target)) missing.push_back(q);
@@ -180,6 +180,15 @@ void ShmGroup::wait_for(uint32_t target, int only) {
     compared_ = true;
     compare();
   }
+}
+
+bool ShmGroup::may_spin_for(int peer) {
+  if (!policy_.crowded) return peer < 0 || may_spin(seg_.ctrl(peer).cpu);
+  if (!policy_.spin_alone) return false;  // Note [A rank alone beside busy cores]
+  const int32_t cpu = sched_getcpu();
+  for (int q = 0; q < world_; ++q)
+    if (q != rank_ && seg_.ctrl(q).cpu.load(std::memory_order_relaxed) == cpu) return false;
+  return true;
 }
 
 bool ShmGroup::posted(int p, uint32_t target) {

@@ -119,6 +119,10 @@ class ShmGroup {
   uint8_t* stage() { return seg_.stage(); }
   size_t stage_bytes() const { return seg_.layout().stage_bytes; }
 
+  // Whether a wait on `peer` (on any peer: -1) may spin before it yields (Note [Waiting with more
+  // ranks than cores], Note [A rank alone beside busy cores]).
+  bool may_spin_for(int peer);
+
   // Waits until ready() for point-to-point call `c` with `peer`; `word` changes when ready()
   // may have become true. Throws like sync() does. Thread-safe: sends and receives on different
   // channels may wait at the same time as each other and as a collective.
@@ -126,7 +130,7 @@ class ShmGroup {
   void wait_for_peer(Ready&& ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& waiters, int peer,
                      const Call& c, What&& what) {
     if (ready()) return;  // the vector of peers is built only when a wait checks on them
-    wait_until(ready, word, waiters, policy_, may_spin(seg_.ctrl(peer).cpu),
+    wait_until(ready, word, waiters, policy_, may_spin_for(peer),
                [&] { check_peers({peer}, what(), c.start, c.deadline, [&](int) { return !ready(); }); });
   }
   // The same, for a call that waits on any of `peers` (a receive from any rank).
@@ -134,7 +138,7 @@ class ShmGroup {
   void wait_for_peers(Ready&& ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& waiters,
                       const std::vector<int>& peers, const Call& c, What&& what) {
     if (ready()) return;
-    wait_until(ready, word, waiters, policy_, true,
+    wait_until(ready, word, waiters, policy_, may_spin_for(-1),
                [&] { check_peers(peers, what(), c.start, c.deadline, [&](int) { return !ready(); }); });
   }
 

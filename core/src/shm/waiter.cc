@@ -116,9 +116,12 @@ int job_cores() { return std::max(usable_cores(), cpus_of_sharing_ranks.load());
 
 SpinPolicy SpinPolicy::for_group(int size) {
   SpinPolicy p;
-  const bool oversubscribed = std::max(size, ranks_sharing_cores.load()) > job_cores();
+  const int sharing = ranks_sharing_cores.load();
+  const bool oversubscribed = std::max(size, sharing) > job_cores();
   const bool bound = !oversubscribed && usable_cores() < job_cores();  // Note [Spinning on a core of one's own]
-  p.spin_for = std::chrono::microseconds(settings().shm_spin_us.value_or(oversubscribed ? 0 : bound ? 2000 : 50));
+  p.spin_for = std::chrono::microseconds(settings().shm_spin_us.value_or(bound ? 2000 : 50));
+  p.crowded = oversubscribed;
+  p.spin_alone = size >= sharing;
   if (oversubscribed) p.yield_for = std::chrono::microseconds(100);
   return p;
 }

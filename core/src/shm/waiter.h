@@ -19,7 +19,8 @@
 // 0.2 ms, and left the CPU-bound process less of a core). After the spin a rank whose peer is
 // merely late loses little by yielding: sched_yield on an otherwise idle core returns at once,
 // and the wait keeps polling between yields.
-// When oversubscribed a wait does not spin at all: the awaited rank, on any core, is as likely to
+// When oversubscribed a wait does not spin (but for a rank alone on its CPU: Note [A rank alone
+// beside busy cores]): the awaited rank, on any core, is as likely to
 // be waiting for its turn on that core as running, and then every spin is lost. In a barrier at
 // W=4 on 2 cores each core hands over once per barrier; a 1 us spin before yielding made the mean
 // barrier 2.7-3.0 us, no spin 1.8-2.1 (Open MPI's, same runs: 2.6-2.7). "Not at all" means not
@@ -57,6 +58,23 @@
 // ranks, which spin without end, 0.09-0.20 in the same runs). The rank's own other threads may
 // still need the core: a DDP step at W=2 with its all_reduce overlapping the backward pass did
 // not change beyond noise.
+//
+// Note [A rank alone beside busy cores]: with more ranks than cores and a CPU-bound process beside
+// them, the scheduler may settle with three ranks of four on one CPU and the fourth beside the
+// process on the other: three runnable tasks against two, too even for its balancer to move one.
+// The three wait for the fourth, yield for 100 us, sleep, and their CPU goes idle. The fourth, let
+// on after the process's time slice, posts, wakes them (tens of us from an idle vCPU), and yields
+// while they wake: the process takes another whole slice, a 4 ms tick. Every call then takes a
+// slice until the scheduler moves a rank. perf sched, W=4 on 2 cores, 1000 barriers beside one
+// CPU-bound process: runs of 12 to 140 calls of 3.9-4.0 ms each, in 5 of 8 runs (means 3.0-27 us,
+// medians 4.0-4.4). Yielding helps no rank there: none of its group runs on that CPU. So a rank that
+// no rank of its group last posted from its CPU spins on its peers as one with a core for every rank
+// does (50 us), then yields. W=4, 8 alternating runs: barrier means 2.1-3.3 us and no slice (Open
+// MPI's 3.9-6.3 in the same runs, medians 3.7-5.9); W=8, 4 runs: p95 12.3-13.6 us against
+// 76-3996 before (means 27-62 against 183-712; Open MPI's median was a slice in 2 of the 4).
+// Unloaded, and beside the matmul step of bench/compare.py --load matmul, the medians did not move
+// beyond noise. Only where the group holds every rank on these cores (Note [Ranks sharing the
+// cores]): on namespace hosts the other hosts' ranks may need that CPU.
 //
 // Note [Light posts]: a sleeper and a poster meet like Dekker's pair: the sleeper counts itself
 // in `waiters` and then reads the word, the poster writes the word and then reads `waiters`, and
@@ -136,6 +154,9 @@ int job_cores();
 struct SpinPolicy {
   Clock::duration spin_for = std::chrono::microseconds(50);
   Clock::duration yield_for = std::chrono::microseconds(2000);
+  // More ranks than cores: a wait spins only where no rank of its group shares its CPU, and only if
+  // the group holds every rank on these cores (Note [A rank alone beside busy cores]).
+  bool crowded = false, spin_alone = false;
   // Reads CHORUS_SHM_SPIN_US, the usable core count and the ranks sharing them (at least `size`).
   static SpinPolicy for_group(int size);
 };

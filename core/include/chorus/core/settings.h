@@ -13,8 +13,9 @@
 //                              cores a slot holds up to 4 of them); small
 //                              values force the multi-chunk paths
 //   CHORUS_SHM_SPIN_US         microseconds a shared-memory wait spins before it yields
-//                              (default 50; 0 when ranks outnumber cores); never while the
-//                              awaited rank last ran on the waiter's CPU
+//                              (default 50); never while the awaited rank last ran on the
+//                              waiter's CPU, and when ranks outnumber cores only where no
+//                              rank of the waiter's group last ran on its CPU
 //   CHORUS_SHM_SINGLE_COPY     1: a middle-sized all_gather on shared memory, with a core for
 //                              every rank, reads its peers' inputs directly (process_vm_readv)
 //                              where the kernel allows it; 0: never; unset: where rank 0 timed
