@@ -160,12 +160,20 @@ void ShmGroup::wait_rank(int r, uint32_t target) { wait_for(target, r); }
 
 void ShmGroup::wait_for(uint32_t target, int only) {
   const size_t line = call_ & 1;
+  // Crowded, the answer is the same for every peer and reads every peer's control line: once per
+  // wait, at its first peer not yet there (Note [A rank alone beside busy cores]).
+  int alone = -1;
+  auto spin = [&](int p) {
+    if (!policy_.crowded) return may_spin_for(p);
+    if (alone < 0) alone = may_spin_for(-1);
+    return alone == 1;
+  };
   for (int p = 0; p < world_; ++p) {
     if (p == rank_ || (only >= 0 && p != only)) continue;
     RankControl& peer = seg_.ctrl(p);
     auto ready = [&] { return posted(p, target); };
     if (!ready()) {
-      wait_until(ready, peer.seq, peer.waiters, policy_, may_spin_for(p), [&] {
+      wait_until(ready, peer.seq, peer.waiters, policy_, spin(p), [&] {
         std::vector<int> missing;
         for (int q = 0; q < world_; ++q)
           if (q != rank_ && (only < 0 || q == only) && !posted(q, target)) missing.push_back(q);
