@@ -274,6 +274,10 @@ TEST(ShmGroups, OnlyARankAloneOnItsCpuSpinsWhenRanksOutnumberTheCores) {
     group.group_name = "alone";
     group.deadline = Clock::now() + 30s;
     shm::ShmGroup g(*ctx.store, ctx.rank, ctx.world, group);
+    Call barrier{};  // a call's waits need its deadline
+    barrier.start = Clock::now();
+    barrier.deadline = barrier.start + 30s;
+    g.start(barrier);
     g.sync();  // every rank posted once, from its CPU
     const bool alone = ctx.rank == 2;
     for (int peer : {-1, (ctx.rank + 1) % 3})
