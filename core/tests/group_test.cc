@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -293,6 +294,41 @@ TEST(ShmGroups, CpuListsReadBack) {
   EXPECT_EQ(shm::parse_cpu_list("x,2"), std::vector<int>{2});  // what is not a range adds nothing
   EXPECT_EQ(shm::parse_cpu_list("-1"), std::vector<int>{});    // nor a negative CPU
   EXPECT_EQ(shm::parse_cpu_list(shm::usable_cpu_list()).size(), size_t(shm::usable_cores()));
+}
+
+// Note [Ranks placed, not bound]: a rank moves onto its turn of its CPUs and may run on all of them
+// again; bound to one CPU, or under CHORUS_BIND_TO=none, it stays where it is. A group of more ranks
+// than cores, each placed as it is made, leaves every rank free to run on every CPU.
+TEST(ShmGroups, RanksArePlacedRoundRobinAndNotBound) {
+  if (shm::usable_cores() < 2) GTEST_SKIP() << "one CPU";
+  const std::string all = shm::usable_cpu_list();
+  const std::vector<int> cpus = shm::parse_cpu_list(all);
+  for (int k = 0; k < 2 * int(cpus.size()); ++k) {
+    EXPECT_EQ(shm::place_round_robin(k), cpus[size_t(k) % cpus.size()]) << "rank " << k << " of those on " << all;
+    EXPECT_EQ(shm::usable_cpu_list(), all) << "placed, then bound";
+  }
+  cpu_set_t mine, one;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(mine), &mine), 0);
+  CPU_ZERO(&one);
+  CPU_SET(cpus[0], &one);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+  EXPECT_EQ(shm::place_round_robin(1), -1) << "bound to one CPU, and moved";
+  EXPECT_EQ(shm::usable_cpu_list(), std::to_string(cpus[0]));
+  ASSERT_EQ(sched_setaffinity(0, sizeof(mine), &mine), 0);
+  const char* was = std::getenv("CHORUS_BIND_TO");
+  const std::string before = was ? was : "";
+  setenv("CHORUS_BIND_TO", "none", 1);
+  EXPECT_EQ(shm::place_round_robin(1), -1) << "moved under CHORUS_BIND_TO=none";
+  if (was)
+    setenv("CHORUS_BIND_TO", before.c_str(), 1);
+  else
+    unsetenv("CHORUS_BIND_TO");
+  const int crowd = int(cpus.size()) + 1;
+  expect_all_ok(run_group(crowd, [&](Communicator& world) {
+    RANK_CHECK(shm::usable_cpu_list() == all, "rank ", world.rank(), " of ", crowd, " may run on ",
+               shm::usable_cpu_list(), " after its group was made, not ", all);
+    world.barrier();
+  }));
 }
 
 // Note [Owed waits]: a rank that reads nothing after its call's last phase posts it and leaves;

@@ -108,6 +108,9 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
     const std::string boot = me.substr(me.find(' ') + 1);
     int sharing = 0;            // ranks on this kernel
     std::set<int> shared_cpus;  // and the CPUs they may use between them
+    int before_me = 0;          // ranks on this kernel before this one
+    bool one_mask = true;       // whether they all may use the same CPUs
+    const std::string my_cpus = shm::usable_cpu_list();
     for (int r = 0; r < size_; ++r) {
       const std::string value = store_->get(keys[size_t(r)]);
       std::string other = value.substr(0, value.find('\n'));
@@ -124,13 +127,16 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
       // Note [Ranks sharing the cores]: hosts on this machine's kernel (same boot id) share its cores.
       if (!boot.empty() && other.substr(other.find(' ') + 1) == boot) {
         ++sharing;
+        if (r < rank_) ++before_me;
         const size_t cpus_at = value.find('\n', value.find('\n') + 1);
+        one_mask = one_mask && cpus_at != std::string::npos && value.substr(cpus_at + 1) == my_cpus;
         if (cpus_at != std::string::npos)
           for (int cpu : shm::parse_cpu_list(value.substr(cpus_at + 1))) shared_cpus.insert(cpu);
       }
       hosts_.push_back(std::move(other));
     }
     if (sharing > 0) shm::note_ranks_sharing_cores(sharing, int(shared_cpus.size()));
+    if (sharing > 1 && one_mask) shm::place_once(before_me);  // Note [Ranks placed, not bound]
   }
   BackendOptions bo;
   bo.group_name = options_.name;

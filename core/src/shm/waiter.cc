@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <cstdlib>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -110,6 +112,24 @@ void note_most(std::atomic<int>& most, int value) {
 void note_ranks_sharing_cores(int ranks, int cpus) {
   note_most(ranks_sharing_cores, ranks);
   note_most(cpus_of_sharing_ranks, cpus);
+}
+
+int place_round_robin(int index) {
+  const char* to = std::getenv("CHORUS_BIND_TO");
+  if (to && std::string(to) == "none") return -1;
+  cpu_set_t mine, one;
+  if (sched_getaffinity(0, sizeof(mine), &mine) != 0 || CPU_COUNT(&mine) < 2) return -1;
+  const std::vector<int> cpus = usable_cpus();
+  const int cpu = cpus[size_t(index) % cpus.size()];
+  CPU_ZERO(&one);
+  CPU_SET(cpu, &one);
+  if (sched_setaffinity(0, sizeof(one), &one) != 0) return -1;
+  return sched_setaffinity(0, sizeof(mine), &mine) == 0 ? cpu : -1;  // the CPUs it had, from where it is now
+}
+
+void place_once(int index) {
+  static std::once_flag placed;
+  std::call_once(placed, [index] { place_round_robin(index); });
 }
 
 int job_cores() { return std::max(usable_cores(), cpus_of_sharing_ranks.load()); }

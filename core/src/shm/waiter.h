@@ -76,6 +76,22 @@
 // beyond noise. Only where the group holds every rank on these cores (Note [Ranks sharing the
 // cores]): on namespace hosts the other hosts' ranks may need that CPU.
 //
+// Note [Ranks placed, not bound]: ranks that outnumber the cores run unbound (Note [A core for every
+// rank]), where the scheduler puts them, and it puts a new process where it can at fork and exec:
+// four ranks that start together on 2 cores often begin three on one CPU and one on the other, and
+// keep that for a second or more, until its balancer evens them out. Three ranks on one CPU take
+// turns on it once each per call, two take turns twice: pinned that way, W=4 on 2 cores, rank 0's
+// median barrier took 3.04-3.06 us among three, 1.88-2.08 as two and two, whichever the pairs,
+// 2.12-2.17 alone beside three, 3.8-3.9 with all four on one CPU. A benchmark's first seconds, or a
+// training job's, met whichever the start gave: bench/compare.py's W=4 barrier was 1.9 or 3.0 us
+// from run to run on both sides. So when a group is made and finds every rank on this kernel
+// allowed the same CPUs (none bound), each rank moves itself once onto a CPU of its own turn,
+// round robin by its rank among them, and is at once allowed all of them again: the scheduler
+// starts from an even spread and stays free to move any rank (beside a busy process, away from
+// it). chorus-bench, 10 alternating runs of 400 calls, W=4: barrier 1.83-1.92 us in every run
+// against 2.96-3.01 in 4 runs of 10 unplaced; W=8 (6 runs), 4.0-4.1 us in 5 against 4 of 6 at
+// 7.0-8.9 (Open MPI 8-19 in the same session). CHORUS_BIND_TO=none leaves the ranks where they are.
+//
 // Note [Light posts]: a sleeper and a poster meet like Dekker's pair: the sleeper counts itself
 // in `waiters` and then reads the word, the poster writes the word and then reads `waiters`, and
 // each needs its write seen before its read, or the poster wakes nobody while the sleeper sleeps
@@ -146,6 +162,13 @@ std::vector<int> parse_cpu_list(const std::string& list);
 // Note [Ranks sharing the cores]: `ranks` of this job run on this machine's kernel, and `cpus` CPUs
 // between them (a group saw them); the most noted of each counts.
 void note_ranks_sharing_cores(int ranks, int cpus);
+
+// Note [Ranks placed, not bound]: moves this thread onto the index-th of the CPUs it may use (round
+// robin), then lets it run on all of them again, where the scheduler leaves it until it balances
+// otherwise. The CPU it moved onto; -1 where it has one CPU, the kernel refused, or
+// CHORUS_BIND_TO=none. place_once does it the first time it is called in this process only.
+int place_round_robin(int index);
+void place_once(int index);
 
 // The CPUs the ranks of this job on this kernel may use between them: the most a group has noted,
 // at least this process's own.
