@@ -378,8 +378,9 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--bind-to,--bind_to", o.bind_to,
-                 "cores: each worker on CPUs of its own, when there are at least as many CPUs as workers; none: "
-                 "where the scheduler puts it (default: CHORUS_BIND_TO, else cores)")
+                 "cores: each worker on CPUs of its own, when there are at least as many CPUs as workers (more "
+                 "workers start spread over the CPUs, unbound); none: where the scheduler puts it (default: "
+                 "CHORUS_BIND_TO, else cores)")
       ->check(CLI::IsMember({"cores", "core", "none"}));
   app.prefix_command();
   app.footer("The program and its arguments follow the options.");

@@ -77,6 +77,8 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
   check_backend_name(backend, options_.name);
   const auto deadline = Clock::now() + options_.timeout;
   std::string elsewhere;  // the ranks on other hosts
+  bool place = false;     // Note [Ranks placed, not bound]: whether this rank moves onto its turn of the CPUs
+  int before_me = 0;      // ranks on this kernel before this one
   if (size_ > 1) {
     // Each rank publishes its host (name and boot id: which ranks share memory), its rank in the
     // job, so that messages about a peer of a subgroup say which process of the job it is, and the
@@ -108,7 +110,6 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
     const std::string boot = me.substr(me.find(' ') + 1);
     int sharing = 0;            // ranks on this kernel
     std::set<int> shared_cpus;  // and the CPUs they may use between them
-    int before_me = 0;          // ranks on this kernel before this one
     bool one_mask = true;       // whether they all may use the same CPUs
     const std::string my_cpus = shm::usable_cpu_list();
     for (int r = 0; r < size_; ++r) {
@@ -136,7 +137,7 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
       hosts_.push_back(std::move(other));
     }
     if (sharing > 0) shm::note_ranks_sharing_cores(sharing, int(shared_cpus.size()));
-    if (sharing > 1 && one_mask) shm::place_once(before_me);  // Note [Ranks placed, not bound]
+    place = sharing > 1 && one_mask;
   }
   BackendOptions bo;
   bo.group_name = options_.name;
@@ -145,6 +146,8 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
   bo.cross = options_.cross;
   bo.deadline = deadline;
   backend_ = choose_backend(backend, elsewhere, options_.name).make(*store_, rank_, size_, bo);
+  // After the backend's rendezvous: the scheduler places a rank anew as it wakes from each wait there.
+  if (place) shm::place_once(before_me);
   if (settings().log_level >= 1 && rank_ == 0)
     std::fprintf(stderr, "[chorus] group '%s': %d ranks on backend %s\n", options_.name.c_str(), size_,
                  backend_->name().c_str());
