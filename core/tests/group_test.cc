@@ -296,29 +296,46 @@ TEST(ShmGroups, CpuListsReadBack) {
   EXPECT_EQ(shm::parse_cpu_list(shm::usable_cpu_list()).size(), size_t(shm::usable_cores()));
 }
 
-// Note [Ranks placed, not bound]: a rank moves onto its turn of its CPUs and may run on all of them
-// again; bound to one CPU, or under CHORUS_BIND_TO=none, it stays where it is. A group of more ranks
-// than cores, each placed as it is made, leaves every rank free to run on every CPU.
-TEST(ShmGroups, RanksArePlacedRoundRobinAndNotBound) {
+// Note [Ranks placed, not bound]: a rank moves onto its share of the CPUs, consecutive ranks
+// together, and may run on all of them again; bound to one CPU, or under CHORUS_BIND_TO=none, it
+// stays where it is. A group of more ranks than cores, each placed as it is made, leaves every rank
+// free to run on every CPU.
+TEST(ShmGroups, RanksArePlacedInBlocksAndNotBound) {
   if (shm::usable_cores() < 2) GTEST_SKIP() << "one CPU";
   const std::string all = shm::usable_cpu_list();
   const std::vector<int> cpus = shm::parse_cpu_list(all);
-  for (int k = 0; k < 2 * int(cpus.size()); ++k) {
-    EXPECT_EQ(shm::place_round_robin(k), cpus[size_t(k) % cpus.size()]) << "rank " << k << " of those on " << all;
-    EXPECT_EQ(shm::usable_cpu_list(), all) << "placed, then bound";
+  const int n = int(cpus.size());
+  for (int ranks : {n, 2 * n, 2 * n + 1}) {
+    std::vector<int> on;  // where each rank went
+    for (int k = 0; k < ranks; ++k) {
+      on.push_back(shm::place_in_blocks(k, ranks));
+      EXPECT_EQ(shm::usable_cpu_list(), all) << "placed, then bound";
+    }
+    EXPECT_EQ(on.front(), cpus.front()) << ranks << " ranks on " << all;
+    EXPECT_EQ(on.back(), cpus.back()) << ranks << " ranks on " << all;
+    for (int k = 1; k < ranks; ++k)
+      EXPECT_TRUE(on[size_t(k)] == on[size_t(k) - 1] ||
+                  on[size_t(k)] == *(std::find(cpus.begin(), cpus.end(), on[size_t(k) - 1]) + 1))
+          << "rank " << k << " of " << ranks << " on CPU " << on[size_t(k)] << " after rank " << k - 1 << " on "
+          << on[size_t(k) - 1];
+    for (int cpu : cpus) {
+      const auto here = std::count(on.begin(), on.end(), cpu);
+      EXPECT_TRUE(here == ranks / n || here == ranks / n + 1) << here << " of " << ranks << " ranks on CPU " << cpu;
+    }
   }
+  EXPECT_EQ(shm::place_in_blocks(2, 2), -1) << "a rank past the last placed";
   cpu_set_t mine, one;
   ASSERT_EQ(sched_getaffinity(0, sizeof(mine), &mine), 0);
   CPU_ZERO(&one);
   CPU_SET(cpus[0], &one);
   ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
-  EXPECT_EQ(shm::place_round_robin(1), -1) << "bound to one CPU, and moved";
+  EXPECT_EQ(shm::place_in_blocks(1, 2), -1) << "bound to one CPU, and moved";
   EXPECT_EQ(shm::usable_cpu_list(), std::to_string(cpus[0]));
   ASSERT_EQ(sched_setaffinity(0, sizeof(mine), &mine), 0);
   const char* was = std::getenv("CHORUS_BIND_TO");
   const std::string before = was ? was : "";
   setenv("CHORUS_BIND_TO", "none", 1);
-  EXPECT_EQ(shm::place_round_robin(1), -1) << "moved under CHORUS_BIND_TO=none";
+  EXPECT_EQ(shm::place_in_blocks(1, 2), -1) << "moved under CHORUS_BIND_TO=none";
   if (was)
     setenv("CHORUS_BIND_TO", before.c_str(), 1);
   else

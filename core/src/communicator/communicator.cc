@@ -77,8 +77,9 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
   check_backend_name(backend, options_.name);
   const auto deadline = Clock::now() + options_.timeout;
   std::string elsewhere;  // the ranks on other hosts
-  bool place = false;     // Note [Ranks placed, not bound]: whether this rank moves onto its turn of the CPUs
-  int before_me = 0;      // ranks on this kernel before this one
+  bool place = false;     // Note [Ranks placed, not bound]: whether this rank moves onto its share of the CPUs
+  int sharing = 0;        // ranks on this kernel
+  int before_me = 0;      // of them before this one
   if (size_ > 1) {
     // Each rank publishes its host (name and boot id: which ranks share memory), its rank in the
     // job, so that messages about a peer of a subgroup say which process of the job it is, and the
@@ -108,8 +109,7 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
           absent, "init");
     }
     const std::string boot = me.substr(me.find(' ') + 1);
-    int sharing = 0;            // ranks on this kernel
-    std::set<int> shared_cpus;  // and the CPUs they may use between them
+    std::set<int> shared_cpus;  // the CPUs the ranks on this kernel may use between them
     bool one_mask = true;       // whether they all may use the same CPUs
     const std::string my_cpus = shm::usable_cpu_list();
     for (int r = 0; r < size_; ++r) {
@@ -147,7 +147,7 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
   bo.deadline = deadline;
   backend_ = choose_backend(backend, elsewhere, options_.name).make(*store_, rank_, size_, bo);
   // After the backend's rendezvous: the scheduler places a rank anew as it wakes from each wait there.
-  if (place) shm::place_once(before_me);
+  if (place) shm::place_once(before_me, sharing);
   if (settings().log_level >= 1 && rank_ == 0)
     std::fprintf(stderr, "[chorus] group '%s': %d ranks on backend %s\n", options_.name.c_str(), size_,
                  backend_->name().c_str());

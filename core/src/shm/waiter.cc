@@ -114,22 +114,24 @@ void note_ranks_sharing_cores(int ranks, int cpus) {
   note_most(cpus_of_sharing_ranks, cpus);
 }
 
-int place_round_robin(int index) {
+int place_in_blocks(int index, int ranks) {
   const char* to = std::getenv("CHORUS_BIND_TO");
   if (to && std::string(to) == "none") return -1;
   cpu_set_t mine, one;
-  if (sched_getaffinity(0, sizeof(mine), &mine) != 0 || CPU_COUNT(&mine) < 2) return -1;
+  if (ranks < 1 || index < 0 || index >= ranks || sched_getaffinity(0, sizeof(mine), &mine) != 0 ||
+      CPU_COUNT(&mine) < 2)
+    return -1;
   const std::vector<int> cpus = usable_cpus();
-  const int cpu = cpus[size_t(index) % cpus.size()];
+  const int cpu = cpus[size_t(index) * cpus.size() / size_t(ranks)];
   CPU_ZERO(&one);
   CPU_SET(cpu, &one);
   if (sched_setaffinity(0, sizeof(one), &one) != 0) return -1;
   return sched_setaffinity(0, sizeof(mine), &mine) == 0 ? cpu : -1;  // the CPUs it had, from where it is now
 }
 
-void place_once(int index) {
+void place_once(int index, int ranks) {
   static std::once_flag placed;
-  std::call_once(placed, [index] { place_round_robin(index); });
+  std::call_once(placed, [index, ranks] { place_in_blocks(index, ranks); });
 }
 
 int job_cores() { return std::max(usable_cores(), cpus_of_sharing_ranks.load()); }

@@ -167,12 +167,13 @@ std::vector<int> parse_cpu_list(const std::string& list);
 // between them (a group saw them); the most noted of each counts.
 void note_ranks_sharing_cores(int ranks, int cpus);
 
-// Note [Ranks placed, not bound]: moves this thread onto the index-th of the CPUs it may use (round
-// robin), then lets it run on all of them again, where the scheduler leaves it until it balances
-// otherwise. The CPU it moved onto; -1 where it has one CPU, the kernel refused, or
-// CHORUS_BIND_TO=none. place_once does it the first time it is called in this process only.
-int place_round_robin(int index);
-void place_once(int index);
+// Note [Ranks placed, not bound]: moves this thread, the index-th of `ranks` that may use the same
+// CPUs, onto its share of them (ranks in order, consecutive ranks together), then lets it run on
+// all of them again, where the scheduler leaves it until it balances otherwise. The CPU it moved
+// onto; -1 where it has one CPU, the kernel refused, or CHORUS_BIND_TO=none. place_once does it the
+// first time it is called in this process only.
+int place_in_blocks(int index, int ranks);
+void place_once(int index, int ranks);
 
 // The CPUs the ranks of this job on this kernel may use between them: the most a group has noted,
 // at least this process's own.
