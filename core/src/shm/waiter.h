@@ -77,24 +77,26 @@
 // cores]): on namespace hosts the other hosts' ranks may need that CPU.
 //
 // Note [Ranks placed, not bound]: ranks that outnumber the cores run unbound (Note [A core for every
-// rank]), where the scheduler puts them, and it puts a new process where it can at fork and exec:
-// four ranks that start together on 2 cores often begin three on one CPU and one on the other, and
-// keep that for a second or more, until its balancer evens them out. Every rank runs once in a
-// call, so a CPU with three ranks changes hands three times a call, one with two twice: pinned so, W=4 on 2 cores, rank 0's
-// median barrier took 3.04-3.06 us among three, 1.88-2.08 as two and two, whichever the pairs,
-// 2.12-2.17 alone beside three, 3.8-3.9 with all four on one CPU. A benchmark's first seconds, or a
-// training job's, met whichever the start gave: bench/compare.py's W=4 barrier was 1.9 or 3.0 us
-// from run to run on both sides; at W=8, four and four took 4.1-4.2 us, five with rank 0 and three
-// 7.4, six and two 8.8. So when a group is made (after its backend's rendezvous, whose waits end in
-// wake-ups the scheduler places anew) and finds every rank on this kernel allowed the same CPUs
-// (none bound), each rank moves itself once onto a CPU of its own turn, round robin by its rank
-// among them, and is at once allowed all of them again: the scheduler starts from an even spread
-// and stays free to move any rank (beside a busy process, away from it). chorus-bench, 400 calls:
-// W=4 barrier 1.83-1.92 us in each of 10 alternating runs against 2.96-3.01 in 4 of 10 unplaced,
-// and 1.83-1.90 in 10 of 10 (1000 calls) against 2.94-2.97 in 2 of 10; W=8, 1000 calls, 4.1-4.5 us
-// in 6 of 8 against 3 of 8 (what moved ranks in the other two was not traced; a rank that sleeps in
-// a wait, after 100 us of yielding, is placed anew as it wakes). CHORUS_BIND_TO=none leaves ranks
-// where they are.
+// rank]), where the scheduler puts them: at fork and exec, and wherever it wakes them from a wait.
+// Every rank runs once in a call, so a CPU with three ranks of four changes hands three times a
+// call, one with two twice. Pinned so, W=4 on 2 cores, rank 0's median barrier took 3.04-3.06 us
+// among three, 1.88-2.08 as two and two (whichever the pairs), 2.12-2.17 alone beside three, 3.8-3.9
+// with all four on one CPU; at W=8, four and four 4.1-4.2 us, five with rank 0 and three 7.4, six
+// and two 8.8. Unpinned, bench/compare.py's W=4 barrier took about 1.9 or 3.0 us from run to run
+// (and W=8's 4.1 or 7.1-7.3) on both sides: its 1000 barriers come in the first milliseconds of a
+// job, before the balancer has evened the ranks out (runs of 2 million always met the fast group).
+// So when a group is made (after its backend's rendezvous, whose waits end in wake-ups the
+// scheduler places anew) and finds every rank on this kernel allowed the same CPUs (none bound),
+// each rank moves itself once onto its share of them, consecutive ranks together,
+// and is at once allowed all of them again: the scheduler starts from an even spread and stays
+// free to move any rank (beside a busy process, away from it). Consecutive ranks, because a ring
+// hands each rank's data to the next: round robin put every ring neighbour on the other CPU, and
+// bench/compare.py's W=8 64 MiB all_reduce took 59.9 ms against 55.7 unplaced; in blocks 54.8-59.7
+// against 56.0-58.9 (3 alternating runs). chorus-bench, 1000 barriers a run, W=4: 1.83-1.90 us in
+// 10 of 10 alternating runs (round robin) against 8 of 10 unplaced, the other two 2.94-2.97; W=8,
+// 4.1-4.5 us in 6 of 8 against 3 of 8 (what moved ranks in the other two was not traced; a rank
+// that sleeps in a wait, after 100 us of yielding, is placed anew as it wakes). In blocks the
+// barriers as round robin. CHORUS_BIND_TO=none leaves ranks where they are.
 //
 // Note [Light posts]: a sleeper and a poster meet like Dekker's pair: the sleeper counts itself
 // in `waiters` and then reads the word, the poster writes the word and then reads `waiters`, and
