@@ -306,16 +306,17 @@ TEST(ShmGroups, RanksArePlacedInBlocksAndNotBound) {
   const std::vector<int> cpus = shm::parse_cpu_list(all);
   const int n = int(cpus.size());
   for (int ranks : {n, 2 * n, 2 * n + 1}) {
-    std::vector<int> on;  // where each rank went
+    std::vector<int> on;   // where each rank went
+    std::vector<long> at;  // and that CPU's place among the usable ones (cpus.size(): not one of them)
     for (int k = 0; k < ranks; ++k) {
       on.push_back(shm::place_in_blocks(k, ranks));
+      at.push_back(std::find(cpus.begin(), cpus.end(), on.back()) - cpus.begin());
       EXPECT_EQ(shm::usable_cpu_list(), all) << "placed, then bound";
     }
     EXPECT_EQ(on.front(), cpus.front()) << ranks << " ranks on " << all;
     EXPECT_EQ(on.back(), cpus.back()) << ranks << " ranks on " << all;
     for (int k = 1; k < ranks; ++k)
-      EXPECT_TRUE(on[size_t(k)] == on[size_t(k) - 1] ||
-                  on[size_t(k)] == *(std::find(cpus.begin(), cpus.end(), on[size_t(k) - 1]) + 1))
+      EXPECT_TRUE(at[size_t(k)] < n && (at[size_t(k)] == at[size_t(k) - 1] || at[size_t(k)] == at[size_t(k) - 1] + 1))
           << "rank " << k << " of " << ranks << " on CPU " << on[size_t(k)] << " after rank " << k - 1 << " on "
           << on[size_t(k) - 1];
     for (int cpu : cpus) {

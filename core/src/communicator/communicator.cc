@@ -84,8 +84,8 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
     // Each rank publishes its host (name and boot id: which ranks share memory), its rank in the
     // job, so that messages about a peer of a subgroup say which process of the job it is, and the
     // CPUs it may run on (Note [Ranks sharing the cores]).
-    const std::string me = host_identity();
-    store_->set(detail::concat("host/", rank_), detail::concat(me, "\n", job_rank(), "\n", shm::usable_cpu_list()));
+    const std::string me = host_identity(), my_cpus = shm::usable_cpu_list();
+    store_->set(detail::concat("host/", rank_), detail::concat(me, "\n", job_rank(), "\n", my_cpus));
     std::vector<std::string> keys;
     for (int r = 0; r < size_; ++r) keys.push_back(detail::concat("host/", r));
     // Wait in slices, listening between them for a launcher that gave up on the job.
@@ -111,7 +111,6 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
     const std::string boot = me.substr(me.find(' ') + 1);
     std::set<int> shared_cpus;  // the CPUs the ranks on this kernel may use between them
     bool one_mask = true;       // whether they all may use the same CPUs
-    const std::string my_cpus = shm::usable_cpu_list();
     for (int r = 0; r < size_; ++r) {
       const std::string value = store_->get(keys[size_t(r)]);
       std::string other = value.substr(0, value.find('\n'));

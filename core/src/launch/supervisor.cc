@@ -43,8 +43,7 @@ std::vector<std::pair<std::string, std::string>> worker_thread_environment(int n
 
 namespace {
 bool binds() {
-  const char* to = std::getenv("CHORUS_BIND_TO");
-  const std::string v = to ? to : "cores";
+  const std::string v = shm::bind_to();
   if (v == "none") return false;
   if (v == "cores" || v == "core" || v.empty()) return true;
   throw InvalidArgument(concat("CHORUS_BIND_TO=", v, ": expected cores (each worker its own CPUs) or none"));

@@ -114,9 +114,13 @@ void note_ranks_sharing_cores(int ranks, int cpus) {
   note_most(cpus_of_sharing_ranks, cpus);
 }
 
-int place_in_blocks(int index, int ranks) {
+std::string bind_to() {
   const char* to = std::getenv("CHORUS_BIND_TO");
-  if (to && std::string(to) == "none") return -1;
+  return to ? to : "cores";
+}
+
+int place_in_blocks(int index, int ranks) {
+  if (bind_to() == "none") return -1;
   cpu_set_t mine, one;
   if (ranks < 1 || index < 0 || index >= ranks || sched_getaffinity(0, sizeof(mine), &mine) != 0 ||
       CPU_COUNT(&mine) < 2)

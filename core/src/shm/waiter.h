@@ -169,6 +169,10 @@ std::vector<int> parse_cpu_list(const std::string& list);
 // between them (a group saw them); the most noted of each counts.
 void note_ranks_sharing_cores(int ranks, int cpus);
 
+// CHORUS_BIND_TO as set, or "cores" where unset (Note [A core for every rank]: the launcher
+// checks it; "none" also turns off Note [Ranks placed, not bound]).
+std::string bind_to();
+
 // Note [Ranks placed, not bound]: moves this thread, the index-th of `ranks` that may use the same
 // CPUs, onto its share of them (ranks in order, consecutive ranks together), then lets it run on
 // all of them again, where the scheduler leaves it until it balances otherwise. The CPU it moved
