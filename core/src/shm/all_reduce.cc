@@ -69,7 +69,7 @@ bool all_reduce_direct(ShmGroup& g, const Call& c) {
   const size_t piece = kDirectPieceBytes / es;
   // Rank q's output is its input when both lie at one place of one allocation: then this rank
   // has just read the lines it writes there (Note [Streaming stores]).
-  auto streams_to = [&](int q) { return streams_out(bytes, bytes * size_t(world)) && !d.in_place(q); };
+  auto streams_to = [&](int q) { return streams_out(bytes, 2 * bytes * size_t(world)) && !d.in_place(q); };
   auto& srcs = source_list(world);
   std::vector<uint8_t*> outs(static_cast<size_t>(world));
   thread_local std::vector<uint8_t> folded(kDirectPieceBytes);
@@ -135,9 +135,9 @@ void all_reduce_ring(ShmGroup& g, const Call& c) {
   auto& srcs = source_list(world);
   const RoundParts parts(c.count, std::min(g.slot_bytes(), kRingRoundBytes / size_t(world)) / es, es, world);
   const size_t rounds = parts.rounds();
-  const bool stream = streams_out(bytes, bytes * size_t(world)) && c.in != c.out;  // Note [Streaming stores]
-  SlotStores stores = g.slot_stores(c.kind, bytes);                                // Note [Streaming into the slots]
-  const uint32_t base = g.phase();  // round k's step s is phase base + 1 + k W + s
+  const bool stream = streams_out(bytes, 2 * bytes * size_t(world)) && c.in != c.out;  // Note [Streaming stores]
+  SlotStores stores = g.slot_stores(c.kind, bytes);  // Note [Streaming into the slots]
+  const uint32_t base = g.phase();                   // round k's step s is phase base + 1 + k W + s
   const int prev = (me + world - 1) % world;
   for (size_t k = 0; k <= rounds; ++k) {
     if (k >= 1) {  // the previous round's parts, each whole in the slot of its last folder
@@ -220,8 +220,8 @@ void all_reduce(ShmGroup& g, const Call& c) {
   const size_t round_bytes = std::min(g.slot_bytes(), std::max(g.chunk_bytes(), kGroupRoundBytes / size_t(world)));
   const RoundParts parts(c.count, round_bytes / ((size_t(world) + 1) * es), es, world);
   const size_t per_round = parts.per_round, folded_at = per_round * es, rounds = parts.rounds();
-  const bool stream = streams_out(bytes, bytes * size_t(world)) && c.in != c.out;  // Note [Streaming stores]
-  SlotStores stores = g.slot_stores(c.kind, bytes);                                // Note [Streaming into the slots]
+  const bool stream = streams_out(bytes, 2 * bytes * size_t(world)) && c.in != c.out;  // Note [Streaming stores]
+  SlotStores stores = g.slot_stores(c.kind, bytes);  // Note [Streaming into the slots]
   for (size_t k = 0; k <= rounds; ++k) {
     if (k < rounds) {
       uint8_t* slot = g.write_slot();

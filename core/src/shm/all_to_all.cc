@@ -33,7 +33,7 @@ void all_to_all(ShmGroup& g, const Call& c) {
   if (in + sdispl[size_t(me)] * es != out + rdispl[size_t(me)] * es)
     move_bytes(out + rdispl[size_t(me)] * es, in + sdispl[size_t(me)] * es, sent(me) * es);
   size_t rounds = rounds_for(most, part);
-  const bool stream = streams_out(most * es, most * es * size_t(world) * size_t(world));  // Note [Streaming stores]
+  const bool stream = streams_out(most * es, 2 * most * es * size_t(world) * size_t(world));  // Note [Streaming stores]
   if (!uneven) rounds = std::max<size_t>(rounds, 1);
   for (size_t k = 0; k < rounds; ++k) {
     uint8_t* slot = g.write_slot();

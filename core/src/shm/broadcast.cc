@@ -147,7 +147,7 @@ void broadcast_through_ring(ShmGroup& g, const Call& c, uint8_t* buf, size_t byt
     // not hold up (up to k + places - 1: chunk k - 1 copied out frees the place of k - 1 + places).
     if (outgrows) g.yield_to(c.root, base + 1 + uint32_t(std::min(rounds - 1, k + places - 1)));
     const size_t j = k == 0 ? 0 : staged ? table[k % kPlaceEntries].load(std::memory_order_relaxed) : k % ring;
-    copy_out(buf + k * chunk, place(j), in_round(bytes, chunk, k), streams_out(bytes, bytes * size_t(g.world() - 1)));
+    copy_out(buf + k * chunk, place(j), in_round(bytes, chunk, k), streams_out(bytes, bytes * size_t(g.world())));
     g.post();  // phase base + 2 + k: chunk k is copied out
   }
   g.wait();  // phase base + 1 + rounds on every rank
@@ -181,7 +181,7 @@ void broadcast(ShmGroup& g, const Call& c) {
     }
     g.sync();
     if (k == 0) g.learn_slot_stores(stores);
-    if (!root) copy_out(buf + k * chunk, g.read_slot(c.root), n, streams_out(bytes, bytes * size_t(g.world() - 1)));
+    if (!root) copy_out(buf + k * chunk, g.read_slot(c.root), n, streams_out(bytes, bytes * size_t(g.world())));
   }
   g.slot_stores_done(stores, bytes);
 }

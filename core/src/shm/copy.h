@@ -8,15 +8,18 @@
 // slots]: where the peer does not share this rank's caches). An in-place all-reduce writes lines
 // it has just read, which are in cache: there a normal store hits the line, while a streaming one
 // must first evict it, which measured 2-3x slower (16 MiB f32, W=2), so in place writes normally.
-// What the caches hold is what all the group's ranks write, not one rank's message: with a
-// message of 16 MiB per rank on the 2-core Xeon VM (model 167), chorus-bench, median of 2-3
-// alternating runs, streaming against normal stores (the bytes the group's ranks write into their
-// outputs in one call in brackets): W=2 all_gather 3.13-3.36 against 2.98-3.05 ms (64 MiB),
-// all_reduce 2.40-2.42 against 2.30-2.33 (32), broadcast 1.21-1.34 against 1.15-1.16 (16), and
-// with a matmul before each call the all_gather 3.28-3.36 against 2.98-3.05; W=4 broadcast
-// 1.41-1.43 against 1.24-1.33 (48), all_reduce 5.65-5.95 against 5.83-5.88 (64); but W=4 all_gather
-// 11.7-14.2 against 16.4-16.5 (256), W=8 broadcast 1.47-1.48 against 1.77-1.81 (112), all_reduce
-// 11.6-12.2 against 14.1-14.2 (128). So a call streams where the group writes kStreamGroupBytes.
+// What the caches must hold is what the whole call touches, every rank's input and output, not
+// one rank's message. With a message of 16 MiB per rank on the 2-core Xeon VM (model 167),
+// chorus-bench, median of 2-3 alternating runs, streaming against normal stores (the bytes of the
+// group's inputs and outputs in brackets): W=2 all_gather 3.13-3.36 against 2.98-3.05 ms (96 MiB),
+// all_reduce 2.40-2.42 against 2.30-2.33 (64), broadcast 1.21-1.34 against 1.15-1.16 (32), and with
+// a matmul before each call the all_gather 3.28-3.36 against 2.98-3.05; W=4 broadcast 1.41-1.43
+// against 1.24-1.33 (64); but W=4 all_reduce 5.57-5.78 against 5.73-7.50 (128; beside a CPU-bound
+// process 10.7-10.8 against 11.1-13.0), W=4 all_gather 11.7-14.2 against 16.4-16.5 (320), W=8
+// broadcast 1.47-1.48 against 1.77-1.81 (128), all_reduce 11.6-12.2 against 14.1-14.2 (256). So a
+// call streams where it touches kStreamGroupBytes, between what these caches held (96 MiB) and what
+// they did not (128). The CPU cannot say where that lies: a VM reports its host's last-level cache
+// (480 MiB on that VM), shared with its other tenants.
 #pragma once
 
 #include <cstddef>
@@ -24,13 +27,13 @@
 namespace chorus::shm {
 
 // Messages at least this large (bytes per rank) stream their copies into user buffers, where the
-// group's ranks write at least kStreamGroupBytes into their outputs in the call (streams_out).
+// call touches at least kStreamGroupBytes of the group's inputs and outputs (streams_out).
 constexpr size_t kStreamMinBytes = 4u << 20;
-constexpr size_t kStreamGroupBytes = 96u << 20;
-// Whether a call of `message` bytes per rank, whose ranks write `group_writes` bytes into their
-// outputs in all, streams those copies (Note [Streaming stores]).
-constexpr bool streams_out(size_t message, size_t group_writes) {
-  return message >= kStreamMinBytes && group_writes >= kStreamGroupBytes;
+constexpr size_t kStreamGroupBytes = 112u << 20;
+// Whether a call of `message` bytes per rank, whose group's inputs and outputs hold `group_bytes`
+// in all, streams its copies into user buffers (Note [Streaming stores]).
+constexpr bool streams_out(size_t message, size_t group_bytes) {
+  return message >= kStreamMinBytes && group_bytes >= kStreamGroupBytes;
 }
 
 // memcpy, with streaming stores when `stream` (and the CPU has AVX2). Non-overlapping buffers.

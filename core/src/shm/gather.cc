@@ -92,9 +92,9 @@ void gather(ShmGroup& g, const Call& c) {
   // Where rank p's block goes: its place in out, or its own buffer (all_gather_to).
   auto block = [&](int p) { return c.outs.empty() ? out + displ[size_t(p)] * es : static_cast<uint8_t*>(c.outs[p]); };
   const bool all_gather = c.kind == OpKind::AllGather || c.kind == OpKind::AllGatherV;
-  // Every rank of an all_gather writes the whole output; of a gather, the root alone.
+  // The inputs, and every rank's output (all_gather) or the root's (gather).
   const bool stream =
-      streams_out(most * es, displ.back() * es * size_t(all_gather ? world : 1));  // Note [Streaming stores]
+      streams_out(most * es, displ.back() * es * size_t(all_gather ? world + 1 : 2));  // Note [Streaming stores]
   if (all_gather && c.outs.empty() && g.symmetric_made() != 0 && displ.back() * es >= kDirectMinBytes &&
       all_gather_direct(g, c, displ, stream))
     return;

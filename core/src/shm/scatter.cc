@@ -14,7 +14,7 @@ void scatter(ShmGroup& g, const Call& c) {
   if (root && in + size_t(me) * c.count * es != out) move_bytes(out, in + size_t(me) * c.count * es, c.count * es);
   const size_t part = g.chunk_bytes() / (size_t(world) * es);
   const size_t rounds = std::max<size_t>(1, rounds_for(c.count, part));
-  const bool stream = streams_out(c.count * es, c.count * es * size_t(world - 1));  // Note [Streaming stores]
+  const bool stream = streams_out(c.count * es, 2 * c.count * es * size_t(world));  // Note [Streaming stores]
   for (size_t k = 0; k < rounds; ++k) {
     const size_t n = in_round(c.count, part, k);
     if (root) {
