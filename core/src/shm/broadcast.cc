@@ -98,6 +98,7 @@ void broadcast_through_ring(ShmGroup& g, const Call& c, uint8_t* buf, size_t byt
   const bool outgrows = bytes > ring * g.slot_bytes();
   const size_t chunk = outgrows ? g.chunk_bytes() : g.slot_bytes();
   const size_t rounds = rounds_for(bytes, chunk);
+  const bool stream = streams_out(bytes, bytes * size_t(g.world()));  // Note [Streaming stores]
   const uint32_t base = g.phase();
   const size_t first = g.write_slot_index(c.root);   // the only slot free before the first sync
   if (outgrows) g.reserve_stage();                   // Note [Past the slots into the staging area]
@@ -147,7 +148,7 @@ void broadcast_through_ring(ShmGroup& g, const Call& c, uint8_t* buf, size_t byt
     // not hold up (up to k + places - 1: chunk k - 1 copied out frees the place of k - 1 + places).
     if (outgrows) g.yield_to(c.root, base + 1 + uint32_t(std::min(rounds - 1, k + places - 1)));
     const size_t j = k == 0 ? 0 : staged ? table[k % kPlaceEntries].load(std::memory_order_relaxed) : k % ring;
-    copy_out(buf + k * chunk, place(j), in_round(bytes, chunk, k), streams_out(bytes, bytes * size_t(g.world())));
+    copy_out(buf + k * chunk, place(j), in_round(bytes, chunk, k), stream);
     g.post();  // phase base + 2 + k: chunk k is copied out
   }
   g.wait();  // phase base + 1 + rounds on every rank
@@ -171,7 +172,8 @@ void broadcast(ShmGroup& g, const Call& c) {
   const size_t chunk = g.slot_bytes();
   const size_t rounds = rounds_for(bytes, chunk);
   if (rounds > 2) return broadcast_through_ring(g, c, buf, bytes);
-  SlotStores stores = g.slot_stores(c.kind, bytes);  // Note [Streaming into the slots]
+  const bool stream = streams_out(bytes, bytes * size_t(g.world()));  // Note [Streaming stores]
+  SlotStores stores = g.slot_stores(c.kind, bytes);                   // Note [Streaming into the slots]
   for (size_t k = 0; k < rounds; ++k) {
     const size_t n = in_round(bytes, chunk, k);
     if (root) copy_out(g.write_slot(), buf + k * chunk, n, stores.stream());
@@ -181,7 +183,7 @@ void broadcast(ShmGroup& g, const Call& c) {
     }
     g.sync();
     if (k == 0) g.learn_slot_stores(stores);
-    if (!root) copy_out(buf + k * chunk, g.read_slot(c.root), n, streams_out(bytes, bytes * size_t(g.world())));
+    if (!root) copy_out(buf + k * chunk, g.read_slot(c.root), n, stream);
   }
   g.slot_stores_done(stores, bytes);
 }

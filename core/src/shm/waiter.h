@@ -95,8 +95,9 @@
 // against 56.0-58.9 (3 alternating runs). chorus-bench, 1000 barriers a run, W=4: 1.83-1.90 us in
 // 10 of 10 alternating runs (round robin) against 8 of 10 unplaced, the other two 2.94-2.97; W=8,
 // 4.1-4.5 us in 6 of 8 against 3 of 8 (what moved ranks in the other two was not traced; a rank
-// that sleeps in a wait, after 100 us of yielding, is placed anew as it wakes). In blocks the
-// barriers as round robin. CHORUS_BIND_TO=none leaves ranks where they are.
+// that sleeps in a wait, after 100 us of yielding, is placed anew as it wakes). Placed in blocks,
+// compare.py's W=4 barrier took 1.86-1.93 us in all three runs. CHORUS_BIND_TO=none leaves ranks
+// where they are.
 //
 // Note [Light posts]: a sleeper and a poster meet like Dekker's pair: the sleeper counts itself
 // in `waiters` and then reads the word, the poster writes the word and then reads `waiters`, and
