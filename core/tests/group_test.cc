@@ -156,8 +156,8 @@ TEST(ShmGroups, SingleCopyAllGathersAreRightWhateverEachRankAllows) {
       auto value = [](int r, size_t i, int round) { return float(r * 1000003 + int(i % 65521) + round); };
       const int rounds = zero ? 3 : 40;  // timed: past the trials of every way
       for (int round = 0; round < rounds; ++round)
-        for (size_t count :
-             {size_t(4096) + 3, size_t(65536) + 5, size_t(262144) + 1, size_t(400000)}) {  // 16 KiB .. 1.6 MiB
+        for (size_t count : {size_t(4096) + 3, size_t(65536) + 5, size_t(262144) + 1, size_t(400000),
+                             size_t(4 << 20) + 9}) {  // 16 KiB .. 16 MiB
           std::vector<float> in(count), out(2 * count, -1.0f);
           for (size_t i = 0; i < count; ++i) in[i] = value(me, i, round);
           comm->all_gather(in.data(), out.data(), count, DataType::Float32);

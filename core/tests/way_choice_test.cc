@@ -13,15 +13,18 @@ namespace {
 // The choice itself, one call ahead as the group makes it: the faster way by the fastest of its
 // last times, and the others now and then, so that a change is seen. `cost` gives a way's time;
 // each call reports `switching` where it is not counted (the first call, a call that went another
-// way than the one before): 0.1 by default, a time that would turn the choice if it were counted.
+// way than the one before): 0.1 by default, a time that would turn the choice if it were counted;
+// the others cost(way, run), run the call's place among the calls in a row of its way (2 and on).
 // The ways the calls went.
 std::vector<shm::Way> run_choice(shm::WayChoice& choice, unsigned allowed, int calls,
-                                 const std::function<double(shm::Way)>& cost, double switching = 0.1) {
+                                 const std::function<double(shm::Way, int)>& cost, double switching = 0.1) {
   std::vector<shm::Way> went;
   shm::Way way = shm::Way(__builtin_ctz(allowed));  // the first call goes the first allowed way
+  int run = 0;
   for (int call = 1; call <= calls; ++call) {
     const shm::Way next = choice.choose(allowed);  // at the call's start, for the next one
-    choice.took(way, call == 1 || (call > 1 && went.back() != way) ? switching : cost(way));
+    run = call > 1 && went.back() == way ? run + 1 : 1;
+    choice.took(way, run == 1 ? switching : cost(way, run));
     went.push_back(way);
     way = next;
   }
@@ -45,7 +48,7 @@ TEST(WayChoice, RankZeroStreamsIntoTheSlotsWhereThatWasFaster) {
   // soon (it was timed once), counted from the call back after that trial; then every 2 (s - 1) /
   // 2% = 100 calls, s how much slower it was, until it has three times; then, twice as slow, its
   // trial calls among the slowest (kLoud), 256 calls apart (kTryLoud).
-  auto went = run_choice(choice, stores, 400, [](Way w) { return w == Way::kStream ? 1.0 : 2.0; });
+  auto went = run_choice(choice, stores, 400, [](Way w, int) { return w == Way::kStream ? 1.0 : 2.0; });
   EXPECT_EQ(std::vector<Way>(went.begin(), went.begin() + 6),
             (std::vector<Way>{Way::kNormal, Way::kNormal, Way::kStream, Way::kStream, Way::kNormal, Way::kStream}));
   EXPECT_EQ(not_going(went, Way::kStream), (std::vector<int>{1, 2, 5, 15, 16, 118, 119, 377, 378}));
@@ -54,17 +57,18 @@ TEST(WayChoice, RankZeroStreamsIntoTheSlotsWhereThatWasFaster) {
   // and the change of way after it are slower calls whatever the way costs.
   shm::WayChoice far;
   EXPECT_EQ(
-      not_going(run_choice(far, stores, 1000, [](Way w) { return w == Way::kStream ? 1.0 : 10.0; }), Way::kStream),
+      not_going(run_choice(far, stores, 1000, [](Way w, int) { return w == Way::kStream ? 1.0 : 10.0; }), Way::kStream),
       (std::vector<int>{1, 2, 5, 15, 16, 918, 919}));
   shm::WayChoice close;
-  EXPECT_EQ(not_going(run_choice(close, stores, 90, [](Way w) { return w == Way::kStream ? 1.0 : 1.1; }), Way::kStream),
-            (std::vector<int>{1, 2, 5, 15, 16, 50, 51, 85, 86}));
+  EXPECT_EQ(
+      not_going(run_choice(close, stores, 90, [](Way w, int) { return w == Way::kStream ? 1.0 : 1.1; }), Way::kStream),
+      (std::vector<int>{1, 2, 5, 15, 16, 50, 51, 85, 86}));
   // The same close way, but the first call of each trial, after the change of way, twice as slow
   // (streaming stores leave the slots in memory, and normal stores fetch them back): loud, so
   // tried 256 calls apart once it has three times.
   shm::WayChoice loud;
   EXPECT_EQ(not_going(run_choice(
-                          loud, stores, 350, [](Way w) { return w == Way::kStream ? 1.0 : 1.1; }, 2.0),
+                          loud, stores, 350, [](Way w, int) { return w == Way::kStream ? 1.0 : 1.1; }, 2.0),
                       Way::kStream),
             (std::vector<int>{1, 2, 5, 15, 16, 50, 51, 309, 310}));
   // Back to the first choice, after its 400 calls:
@@ -87,7 +91,7 @@ TEST(WayChoice, RankZeroTimesAgainAWayItTimedOnce) {
   const unsigned stores = shm::way_bit(Way::kNormal) | shm::way_bit(Way::kStream);
   shm::WayChoice choice;
   int normal_timed = 0;
-  auto went = run_choice(choice, stores, 90, [&](Way w) {
+  auto went = run_choice(choice, stores, 90, [&](Way w, int) {
     if (w == Way::kStream) return 1.5;
     ++normal_timed;  // normal stores' buffers warm up: twice as slow as streaming, then a little, then faster
     return normal_timed == 1 ? 3.0 : normal_timed == 2 ? 1.6 : 1.0;
@@ -115,7 +119,7 @@ TEST(WayChoice, RankZeroTriesAgainTheWayItLeft) {
   const unsigned stores = shm::way_bit(Way::kNormal) | shm::way_bit(Way::kStream);
   shm::WayChoice choice;
   int timed = 0;  // the calls timed so far, the clock of the spell
-  auto went = run_choice(choice, stores, 200, [&](Way w) {
+  auto went = run_choice(choice, stores, 200, [&](Way w, int) {
     ++timed;
     if (w == Way::kNormal) return timed >= 60 && timed < 65 ? 2.6 : 1.3;
     return timed >= 60 && timed < 65 ? 2.0 : 1.0;  // the spell: every way twice as slow
@@ -137,26 +141,55 @@ TEST(WayChoice, RankZeroReadsThePeersWhereThatWasFaster) {
   using shm::Way;
   const unsigned all = shm::way_bit(Way::kNormal) | shm::way_bit(Way::kStream) | shm::way_bit(Way::kSingleCopy);
   shm::WayChoice choice;
-  auto went = run_choice(choice, all, 600, [](Way w) {
+  auto went = run_choice(choice, all, 600, [](Way w, int) {
     return w == Way::kSingleCopy ? 1.0 : w == Way::kStream ? 2.0 : 3.0;
   });
-  EXPECT_EQ(std::vector<Way>(went.begin(), went.begin() + 8),
+  // A single copy three times (its third call counted: kUncounted), then streaming, the fastest
+  // timed while that third call runs, then single copies.
+  EXPECT_EQ(std::vector<Way>(went.begin(), went.begin() + 9),
             (std::vector<Way>{Way::kNormal, Way::kNormal, Way::kStream, Way::kStream, Way::kSingleCopy,
-                              Way::kSingleCopy, Way::kStream, Way::kSingleCopy}));
+                              Way::kSingleCopy, Way::kSingleCopy, Way::kStream, Way::kSingleCopy}));
   // Each other way, timed once, is tried once more soon (normal stores, then streaming: one trial
   // waits for the other); then streaming, twice as slow, 100 calls later, normal stores, three
   // times, 200; then, with three times each and their trials loud, every 256 calls or so.
   EXPECT_EQ(not_going(went, Way::kSingleCopy),
-            (std::vector<int>{1, 2, 3, 4, 7, 16, 17, 18, 19, 121, 122, 219, 220, 380, 381, 478, 479}));
+            (std::vector<int>{1, 2, 3, 4, 8, 17, 18, 19, 20, 122, 123, 220, 221, 381, 382, 479, 480}));
   auto way_of = [&](int call) { return went[size_t(call - 1)]; };  // calls numbered from 1
-  for (int call : {16, 17, 219, 220, 478, 479}) EXPECT_EQ(way_of(call), Way::kNormal) << call;
-  for (int call : {18, 19, 121, 122, 380, 381}) EXPECT_EQ(way_of(call), Way::kStream) << call;
+  for (int call : {17, 18, 220, 221, 479, 480}) EXPECT_EQ(way_of(call), Way::kNormal) << call;
+  for (int call : {19, 20, 122, 123, 381, 382}) EXPECT_EQ(way_of(call), Way::kStream) << call;
   // Single copies were stopped: the choice goes on between the other two, on their times.
   const unsigned stores = shm::way_bit(Way::kNormal) | shm::way_bit(Way::kStream);
   EXPECT_EQ(choice.choose(stores), Way::kStream);
   shm::WayChoice told;  // a setting leaves one way: no trials
-  EXPECT_EQ(not_going(run_choice(told, shm::way_bit(Way::kSingleCopy), 100, [](Way) { return 1.0; }), Way::kSingleCopy),
-            std::vector<int>{});
+  EXPECT_EQ(
+      not_going(run_choice(told, shm::way_bit(Way::kSingleCopy), 100, [](Way, int) { return 1.0; }), Way::kSingleCopy),
+      std::vector<int>{});
+}
+
+// A single copy after calls through the slots reaches its pace on its third call in a row (Note
+// [Streaming into the slots]): timed on its second, 30% slower there, it would never be taken
+// where it is 8% faster. Its trials are three calls, the third counted.
+TEST(WayChoice, RankZeroTimesASingleCopyOnItsThirdCallInARow) {
+  using shm::Way;
+  const unsigned all = shm::way_bit(Way::kNormal) | shm::way_bit(Way::kStream) | shm::way_bit(Way::kSingleCopy);
+  auto cost = [](double single_copy) {
+    return [single_copy](Way w, int run) {
+      if (w == Way::kSingleCopy) return run == 2 ? 1.3 : single_copy;
+      return w == Way::kStream ? 1.5 : 1.0;
+    };
+  };
+  shm::WayChoice faster;
+  const auto went = run_choice(faster, all, 100, cost(0.92));
+  EXPECT_EQ(std::vector<Way>(went.begin() + 4, went.begin() + 10),
+            (std::vector<Way>{Way::kSingleCopy, Way::kSingleCopy, Way::kSingleCopy, Way::kNormal, Way::kSingleCopy,
+                              Way::kSingleCopy}));
+  EXPECT_EQ(not_going(went, Way::kSingleCopy),
+            (std::vector<int>{1, 2, 3, 4, 8, 17, 18, 19, 20, 54, 55, 83, 84, 89, 90}));
+  // Slower, it is left, and tried for three calls in a row now and then.
+  shm::WayChoice slower;
+  const auto left = run_choice(slower, all, 100, cost(1.2));
+  EXPECT_EQ(not_going(left, Way::kNormal), (std::vector<int>{3, 4, 5, 6, 7, 17, 18, 19, 20, 21, 55, 56, 57, 70, 71}));
+  for (int call : {5, 6, 7, 19, 20, 21, 55, 56, 57}) EXPECT_EQ(left[size_t(call - 1)], Way::kSingleCopy) << call;
 }
 
 }  // namespace

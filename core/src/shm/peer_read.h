@@ -15,7 +15,7 @@
 // was just written (as a training step writes its tensors): the kernel pins each page it copies,
 // the slots pipeline and the reads do not, and a rank that shares its core with a peer must do
 // its peer's reads too. Where single copies may win is kept in one table, single_copy_window():
-// an all_gather of 16 KiB to 4 MiB per rank with a core for each rank. Whether they do depends on
+// an all_gather of 16 KiB to 64 MiB per rank (not including 64) with a core for each rank. Whether they do depends on
 // the machine, and on a VM from minute to minute: on a 2-core Xeon VM they won (W=2 all_gather of
 // 1 MiB: 160-173 us against 211-217 through the slots); on a 2-core Zen 5 VM process_vm_readv moved
 // 9.6-10 GB/s whatever the size or page size and they lost at every size (1 MiB 165-170 against

@@ -11,20 +11,22 @@ Way WayChoice::choose(unsigned allowed) {
     if (allowed & way_bit(Way(w))) ways[n++] = Way(w);
   const uint64_t call = ++decided_;
   if (n <= 1) return use_ = n == 1 ? ways[0] : Way::kNormal;
-  if (call <= 2 * n) return ways[(call - 1) / 2];  // each way twice
-  if (trying_ && (allowed & way_bit(tried_))) {    // a trial is two calls: the first is not counted
-    trying_ = false;
-    next_try_[int(tried_)] = decided_ + kTryLeast;  // for now: took() sets it once this call's time is in
+  uint64_t first_calls = 0;  // each way first for its uncounted calls and one counted
+  for (size_t i = 0; i < n; ++i)
+    if (call <= (first_calls += kUncounted[int(ways[i])] + 1)) return ways[i];
+  if (trial_left_ > 0 && (allowed & way_bit(tried_))) {  // a trial's calls after its first
+    if (--trial_left_ == 0)  // its counted call, whose time sets the next trial once it is in (took())
+      next_try_[int(tried_)] = decided_ + kTryLeast;
     return tried_;
   }
-  trying_ = false;
+  trial_left_ = 0;
   Way best = ways[0];  // the fastest way timed
   bool untimed = false;
   for (size_t i = 0; i < n; ++i) {
     untimed = untimed || cost(ways[i]) == 0;
     if (cost(ways[i]) > 0 && (cost(best) == 0 || cost(ways[i]) < cost(best))) best = ways[i];
   }
-  // Every allowed way has had its two calls, but the second of the last may not be timed yet (a
+  // Every allowed way has had its first calls, but the counted one of the last may not be timed yet (a
   // way is decided while the call before it runs): until it is, the fastest so far (ways[0] when
   // rank 0 timed none: it had no part in the calls).
   if (untimed) return use_ = best;
@@ -46,17 +48,16 @@ Way WayChoice::choose(unsigned allowed) {
     const Way w = ways[i];
     if (w == use_) continue;
     if (next_try_[int(w)] == 0) schedule(w);
-    if (next_try_[int(w)] <= decided_ && !trying_) {
-      trying_ = true;
+    if (next_try_[int(w)] <= decided_ && trial_left_ == 0) {
+      trial_left_ = kUncounted[int(w)];  // this call and as many more, the last one counted
       tried_ = w;
     }
   }
-  return trying_ ? tried_ : use_;
+  return trial_left_ > 0 ? tried_ : use_;
 }
 
 void WayChoice::took(Way w, double per_byte) {
-  const bool first = !seen_, changed = w != last_;
-  seen_ = true;
+  run_ = w == last_ ? run_ + 1 : 1;
   last_ = w;
   // The way left behind goes on for the call decided before it was left: no trial, and its next
   // trial stays where choose() set it.
@@ -74,7 +75,7 @@ void WayChoice::took(Way w, double per_byte) {
     trial_peak_ = std::max(trial_peak_, per_byte);
   }
   if (w == use_) leaving_ = false;
-  if (first || changed) return;
+  if (run_ <= kUncounted[int(w)]) return;
   Kept& k = kept_[int(w)];
   k.times[k.next++ % kKept] = per_byte;
   if (settled_ && w != use_ && !left) schedule(w);  // a trial's time: the next trial goes by it

@@ -98,6 +98,13 @@
 // phase, so they all go the same way. The ways of storing need no agreement: they move the same
 // bytes to the same places, and a rank that leaves a call before its first phase (a broadcast's
 // root, Note [Owed waits]) stores its own way until it learns rank 0's.
+// A single copy after calls through the slots takes three calls to reach its pace, not two (the
+// Xeon VM, W=2, 16 MiB all_gather, rank 0's times: 1.6x, 1.3x, then 1.0-1.07x its steady time,
+// 8% under the slots'). Timed on its second call it was never taken; trials of it are three
+// calls, the last counted (kUncounted). Taken, four alternating rounds of chorus-bench against
+// mpi_tail --fresh: 2.71-2.96 ms against 2.99-3.12 through the slots, Open MPI 2.74-2.97; with
+// the matmul before each call 2.79-2.91 against 3.04-3.13 (Open MPI 2.83-2.86); beside a CPU-bound
+// process 6.64-6.94 against 6.92-7.05 (Open MPI 2.77-6.72); 4 MiB 682-724 against 720-727 us.
 //
 // With more ranks than cores as well: ranks that share a core share its caches, but half of the
 // transfers still cross between the cores. W=4 on the 2 cores, normal against streaming, in the
@@ -146,15 +153,19 @@ class WayChoice {
   // apart, so that trials stay out of the slowest 5% of calls (Note [Streaming into the slots]).
   static constexpr double kLoud = 1.25;
   static constexpr uint64_t kTryLoud = 256;
+  // Calls of a way that are not counted where it follows another way (and at the first call): they
+  // find the slots, or the pages the kernel pins, as the other way left them. A single copy reaches
+  // its pace on its third call (Note [Streaming into the slots]), the slots on their second.
+  static constexpr int kUncounted[kWays] = {1, 1, 2};
 
   // The way of the call after the one being made, among the `allowed` ways (way_bit()s): each
-  // allowed way for two calls first (normal, streaming, single copy), then the way in use until
-  // another is clearly faster, but each other way for two calls now and then (trials), the less
-  // often the slower it was. The first call goes the first allowed way.
+  // allowed way first (normal, streaming, single copy) for its kUncounted calls and one counted,
+  // then the way in use until another is clearly faster, but each other way for as many calls now
+  // and then (trials), the less often the slower it was. The first call goes the first allowed way.
   Way choose(unsigned allowed);
   // What a call that went way `w` took per byte, in ticks(). Not counted: the first call, which
-  // pays for first touches (page faults, cold caches) whichever way it goes, and a call that went
-  // another way than the call before, which finds the slots as that way left them (W=2, 1 MiB
+  // pays for first touches (page faults, cold caches) whichever way it goes, and the first
+  // kUncounted calls of a way after another, which find the slots as that way left them (W=2, 1 MiB
   // all_gather: the first call with normal stores after streaming ones took 98-115 us, the next ones 128-144).
   // A trial's time also sets when its way is tried next (schedule()).
   void took(Way w, double per_byte);
@@ -176,10 +187,10 @@ class WayChoice {
   uint64_t decided_ = 1;           // the call last decided (the first goes the first allowed way)
   Way use_ = Way::kNormal;         // the way in use
   bool settled_ = false;           // use_ was taken from every allowed way's time
-  bool trying_ = false;            // the call last decided began a trial of way tried_
+  int trial_left_ = 0;             // calls of the trial of way tried_ still to decide after the last one decided
   Way tried_ = Way::kNormal;
   Way last_ = Way::kNormal;  // the way of the last call timed
-  bool seen_ = false;        // a call was timed
+  int run_ = 0;              // calls timed in a row that went way last_
   bool in_trial_ = false;    // the last call timed was a trial's, of way trial_way_
   Way trial_way_ = Way::kNormal;
   double trial_peak_ = 0;  // the slowest of its calls so far
@@ -199,9 +210,10 @@ inline uint64_t ticks() {
 #endif
 }
 
-// Calls are timed by kind and size apart (sizes a factor of 4 apart, the last class open): their
-// times per byte differ, and so may the faster store.
-constexpr size_t kSizeClasses = 6;
+// Calls are timed by kind and size apart (sizes a factor of 4 apart, from 64 MiB open): their
+// times per byte differ, and so may the faster way (an all_gather's single copy is allowed below
+// 64 MiB only: single_copy_window()).
+constexpr size_t kSizeClasses = 7;
 constexpr size_t kChoices = 32 * kSizeClasses;  // OpKind < 32
 inline size_t choice_index(OpKind kind, size_t bytes) {
   size_t c = 0;
