@@ -31,7 +31,8 @@ SingleCopyWindow single_copy_window(OpKind kind, int world, int cores) {
   // (pinning each page, no pipelining) and 128-256 KiB even; on the Zen 4 VM, 64 KiB 8.6 vs 10.2
   // where its cores were close (Note [Streaming into the slots]). Timed on their third call, as
   // they are now, on the same VM: 16 MiB 2.71-2.96 ms vs 2.99-3.12, but 64 MiB 18.6 vs 13.9,
-  // where a call's inputs and outputs no longer fit the caches and the slots stream. A rank that
+  // where a call's inputs and outputs no longer fit the caches and the slots stream. Within the
+  // window rank 0 times them against the slots, and takes them where they are faster. A rank that
   // shares its core reads for its peers as well: at W=3 and W=4 on 2 cores single copy lost at
   // every size. Gather (one reader) was even; broadcast lost at every size: its root leaves once
   // its data is in the slot, while here it waits for every reader.
