@@ -101,10 +101,11 @@
 // A single copy after calls through the slots takes three calls to reach its pace, not two (the
 // Xeon VM, W=2, 16 MiB all_gather, rank 0's times: 1.6x, 1.3x, then 1.0-1.07x its steady time,
 // 8% under the slots'). Timed on its second call it was never taken; trials of it are three
-// calls, the last counted (kUncounted). Taken, four alternating rounds of chorus-bench against
-// mpi_tail --fresh: 2.71-2.96 ms against 2.99-3.12 through the slots, Open MPI 2.74-2.97; with
-// the matmul before each call 2.79-2.91 against 3.04-3.13 (Open MPI 2.83-2.86); beside a CPU-bound
-// process 6.64-6.94 against 6.92-7.05 (Open MPI 2.77-6.72); 4 MiB 682-724 against 720-727 us.
+// calls, the last counted (kUncounted). Taken, alternating rounds of chorus-bench against
+// mpi_tail --fresh (four; three with the matmul): 2.71-2.96 ms against 2.99-3.12 through the slots,
+// Open MPI 2.74-2.97; with the matmul before each call 2.79-2.91 against 3.04-3.13 (Open MPI
+// 2.83-2.86); beside a CPU-bound process 6.64-6.94 against 6.92-7.05 (Open MPI 2.77-6.72); 4 MiB
+// 682-724 against 720-727 us.
 //
 // With more ranks than cores as well: ranks that share a core share its caches, but half of the
 // transfers still cross between the cores. W=4 on the 2 cores, normal against streaming, in the
