@@ -57,7 +57,8 @@ struct RoundParts {
 };
 
 // Note [Direct all_reduce] (Note [Direct collectives]); false sends every rank down the staged path.
-bool all_reduce_direct(ShmGroup& g, const Call& c) {
+// `streams`: the call's copies into user buffers may stream (all_reduce(), Note [Streaming stores]).
+bool all_reduce_direct(ShmGroup& g, const Call& c, bool streams) {
   const int world = g.world(), me = g.rank();
   const size_t es = element_size(c.dtype);
   const size_t bytes = c.count * es;
@@ -69,7 +70,7 @@ bool all_reduce_direct(ShmGroup& g, const Call& c) {
   const size_t piece = kDirectPieceBytes / es;
   // Rank q's output is its input when both lie at one place of one allocation: then this rank
   // has just read the lines it writes there (Note [Streaming stores]).
-  auto streams_to = [&](int q) { return streams_out(bytes, 2 * bytes * size_t(world)) && !d.in_place(q); };
+  auto streams_to = [&](int q) { return streams && !d.in_place(q); };
   auto& srcs = source_list(world);
   std::vector<uint8_t*> outs(static_cast<size_t>(world));
   thread_local std::vector<uint8_t> folded(kDirectPieceBytes);
@@ -126,8 +127,8 @@ bool rings(ShmGroup& g, const Call& c) {
          c.dtype != DataType::Float16 && c.dtype != DataType::BFloat16;
 }
 
-// Note [Ring through the slots].
-void all_reduce_ring(ShmGroup& g, const Call& c) {
+// Note [Ring through the slots]. `streams` as for all_reduce_direct.
+void all_reduce_ring(ShmGroup& g, const Call& c, bool streams) {
   const int world = g.world(), me = g.rank(), next = (me + 1) % world;
   const size_t es = element_size(c.dtype), bytes = c.count * es;
   const auto* in = static_cast<const uint8_t*>(c.in);
@@ -135,7 +136,7 @@ void all_reduce_ring(ShmGroup& g, const Call& c) {
   auto& srcs = source_list(world);
   const RoundParts parts(c.count, std::min(g.slot_bytes(), kRingRoundBytes / size_t(world)) / es, es, world);
   const size_t rounds = parts.rounds();
-  const bool stream = streams_out(bytes, 2 * bytes * size_t(world)) && c.in != c.out;  // Note [Streaming stores]
+  const bool stream = streams && c.in != c.out;      // Note [Streaming stores]
   SlotStores stores = g.slot_stores(c.kind, bytes);  // Note [Streaming into the slots]
   const uint32_t base = g.phase();                   // round k's step s is phase base + 1 + k W + s
   const int prev = (me + world - 1) % world;
@@ -212,15 +213,17 @@ void all_reduce(ShmGroup& g, const Call& c) {
     return g.slot_stores_done(stores, bytes);
   }
 
-  if (c.kind == OpKind::AllReduce && g.symmetric_made() != 0 && all_reduce_direct(g, c)) return;
-  if (rings(g, c)) return all_reduce_ring(g, c);
+  // The call touches every rank's input and output (Note [Streaming stores]).
+  const bool streams = streams_out(bytes, 2 * bytes * size_t(world));
+  if (c.kind == OpKind::AllReduce && g.symmetric_made() != 0 && all_reduce_direct(g, c, streams)) return;
+  if (rings(g, c)) return all_reduce_ring(g, c, streams);
 
   // Slot layout: [inputs of the round: W parts][my folded part of the previous round].
   // Parts start on cache lines (as far as the slot allows), so no store splits a line.
   const size_t round_bytes = std::min(g.slot_bytes(), std::max(g.chunk_bytes(), kGroupRoundBytes / size_t(world)));
   const RoundParts parts(c.count, round_bytes / ((size_t(world) + 1) * es), es, world);
   const size_t per_round = parts.per_round, folded_at = per_round * es, rounds = parts.rounds();
-  const bool stream = streams_out(bytes, 2 * bytes * size_t(world)) && c.in != c.out;  // Note [Streaming stores]
+  const bool stream = streams && c.in != c.out;      // Note [Streaming stores]
   SlotStores stores = g.slot_stores(c.kind, bytes);  // Note [Streaming into the slots]
   for (size_t k = 0; k <= rounds; ++k) {
     if (k < rounds) {

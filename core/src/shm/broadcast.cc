@@ -90,15 +90,14 @@ namespace {
 constexpr size_t kPlaceEntries = 1024;
 constexpr size_t kPlaceTableBytes = kPlaceEntries * sizeof(uint32_t);
 
-// Note [Broadcast through every slot].
-void broadcast_through_ring(ShmGroup& g, const Call& c, uint8_t* buf, size_t bytes) {
+// Note [Broadcast through every slot]. `stream`: the readers' copies out stream (broadcast()).
+void broadcast_through_ring(ShmGroup& g, const Call& c, uint8_t* buf, size_t bytes, bool stream) {
   const bool root = g.rank() == c.root;
   const size_t ring = g.slot_count();
   // Note [A ring the message outgrows]: one chunk per slot when the slots cannot hold it all.
   const bool outgrows = bytes > ring * g.slot_bytes();
   const size_t chunk = outgrows ? g.chunk_bytes() : g.slot_bytes();
   const size_t rounds = rounds_for(bytes, chunk);
-  const bool stream = streams_out(bytes, bytes * size_t(g.world()));  // Note [Streaming stores]
   const uint32_t base = g.phase();
   const size_t first = g.write_slot_index(c.root);   // the only slot free before the first sync
   if (outgrows) g.reserve_stage();                   // Note [Past the slots into the staging area]
@@ -171,9 +170,9 @@ void broadcast(ShmGroup& g, const Call& c) {
   }
   const size_t chunk = g.slot_bytes();
   const size_t rounds = rounds_for(bytes, chunk);
-  if (rounds > 2) return broadcast_through_ring(g, c, buf, bytes);
   const bool stream = streams_out(bytes, bytes * size_t(g.world()));  // Note [Streaming stores]
-  SlotStores stores = g.slot_stores(c.kind, bytes);                   // Note [Streaming into the slots]
+  if (rounds > 2) return broadcast_through_ring(g, c, buf, bytes, stream);
+  SlotStores stores = g.slot_stores(c.kind, bytes);  // Note [Streaming into the slots]
   for (size_t k = 0; k < rounds; ++k) {
     const size_t n = in_round(bytes, chunk, k);
     if (root) copy_out(g.write_slot(), buf + k * chunk, n, stores.stream());
