@@ -72,8 +72,10 @@
 // chorus's 1 MiB all_gather's p95 was a slice in 7 runs of 9 and Open MPI's in 3 of 9, while the
 // two sides' means were alike (292-843 us against 319-698). With --tail both benchmarks time 400
 // calls up to 1 MiB, a p95 of 20 calls, which says what share of calls the slices catch, and 40
-// beyond, where a call of several ms spans slices by itself (the untimed calls stay as many as
-// without it). W=2, 1 MiB all_gather, 400 calls, three alternating runs beside the same process:
+// beyond, where a call of several ms spans slices by itself, after as many untimed ones: a p95 of
+// the calls a training loop makes, past the first calls of a size, in which chorus's rank 0 tries
+// its ways (Note [Streaming into the slots]: after 10 untimed calls, the 40 timed calls of 16 MiB
+// held its first trials, the slowest of them). W=2, 1 MiB all_gather, 400 calls, three alternating runs beside the same process:
 // chorus's p95 0.37-0.51 ms (means 289-384 us), Open MPI's 4.37, 4.56 and 0.46 ms (means
 // 351-915). compare.py --load passes --tail to both.
 #include <unistd.h>
@@ -157,9 +159,8 @@ int default_iters(size_t bytes, bool tail = false) {
   if (tail) return bytes <= (1u << 20) ? 400 : 40;
   return bytes <= 65536 ? 200 : bytes <= (1u << 20) ? 50 : 10;
 }
-// Note [Warm buffers]: as many untimed calls as timed ones without --tail up to 16 MiB, then 3 (bench/mpi_tail.c's
-// rule too).
-int default_warmup(size_t bytes) { return bytes <= (16u << 20) ? default_iters(bytes) : 3; }
+// Note [Warm buffers]: as many untimed calls as timed ones up to 16 MiB, then 3 (bench/mpi_tail.c's rule too).
+int default_warmup(size_t bytes, bool tail) { return bytes <= (16u << 20) ? default_iters(bytes, tail) : 3; }
 
 double percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
@@ -250,7 +251,7 @@ int worker(const Options& o) {
       Buffers b(o.symmetric ? comm.get() : nullptr);
       op.allocate(b, count, dt, world);
       const int iters = o.iters ? o.iters : default_iters(bytes, o.tail);
-      const int warmup = o.warmup >= 0 ? o.warmup : default_warmup(bytes);
+      const int warmup = o.warmup >= 0 ? o.warmup : default_warmup(bytes, o.tail);
       std::vector<double> us;
       bool ok = true;
       for (int i = -warmup; i < iters; ++i) {
@@ -327,8 +328,7 @@ int main(int argc, char** argv) {
                  "timed iterations per size (default: 200 up to 64K, 50 up to 1M, then 10; with --tail 400 up to 1M, "
                  "then 40)");
   app.add_option("-w,--warmup", o.warmup,
-                 "untimed iterations first (default: as many as --iters' default without --tail up to 16M, then 3; "
-                 "10 barriers)")
+                 "untimed iterations first (default: as many as --iters' default up to 16M, then 3; 10 barriers)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--chunk-bytes", o.chunk_bytes, "shared-memory slot size (default: CHORUS_SHM_CHUNK_BYTES or 512K)");
   app.add_option("--step-matmul", o.step_matmul,

@@ -146,7 +146,7 @@ int main(int argc, char** argv) {
       float* y = op == kAllReduce ? calloc(count, 4) : op == kAllGather ? calloc(count * world, 4) : NULL;
       const int plain = bytes <= 65536 ? 200 : bytes <= (1 << 20) ? 50 : 10;
       const int iters = tail ? (bytes <= (1 << 20) ? 400 : 40) : plain;
-      const int warmup = bytes <= (16 << 20) ? plain : 3;  // untimed: chorus-bench's Note [Warm buffers]
+      const int warmup = bytes <= (16 << 20) ? iters : 3;  // untimed: chorus-bench's Note [Warm buffers]
       for (int i = -warmup; i < iters; i++) {
         if (fresh) write_input(op, rank, i + warmup, x, count);
 #ifdef CHORUS_STEP_LOAD

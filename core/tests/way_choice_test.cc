@@ -46,31 +46,31 @@ TEST(WayChoice, RankZeroStreamsIntoTheSlotsWhereThatWasFaster) {
   // Each way twice first, then the faster timed so far (streaming's second call is timed only
   // once the call after it is decided), then the faster, but the other for two calls once more
   // soon (it was timed once), counted from the call back after that trial; then every 2 (s - 1) /
-  // 2% = 100 calls, s how much slower it was, until it has three times; then, twice as slow, its
-  // trial calls among the slowest (kLoud), 256 calls apart (kTryLoud).
+  // 2% = 100 calls, s how much slower it was (at least 64 once it has two times: its trial calls
+  // are among the slowest, kLoud), until it has three times; then 256 calls apart (kTryLoud).
   auto went = run_choice(choice, stores, 400, [](Way w, int) { return w == Way::kStream ? 1.0 : 2.0; });
   EXPECT_EQ(std::vector<Way>(went.begin(), went.begin() + 6),
             (std::vector<Way>{Way::kNormal, Way::kNormal, Way::kStream, Way::kStream, Way::kNormal, Way::kStream}));
   EXPECT_EQ(not_going(went, Way::kStream), (std::vector<int>{1, 2, 5, 15, 16, 118, 119, 377, 378}));
   // A way ten times slower is tried every 900 calls: trials stay out of the slowest 5% of calls;
-  // one 10% slower, whose trials are quiet, not every 10 but every 32 or so (kTryClose): a trial
-  // and the change of way after it are slower calls whatever the way costs.
+  // one 6% slower, whose trials are quiet (within kLoud), not every 6 but every 32 or so
+  // (kTryClose): a trial and the change of way after it are slower calls whatever the way costs.
   shm::WayChoice far;
   EXPECT_EQ(
       not_going(run_choice(far, stores, 1000, [](Way w, int) { return w == Way::kStream ? 1.0 : 10.0; }), Way::kStream),
       (std::vector<int>{1, 2, 5, 15, 16, 918, 919}));
   shm::WayChoice close;
   EXPECT_EQ(
-      not_going(run_choice(close, stores, 90, [](Way w, int) { return w == Way::kStream ? 1.0 : 1.1; }), Way::kStream),
+      not_going(run_choice(close, stores, 90, [](Way w, int) { return w == Way::kStream ? 1.0 : 1.06; }), Way::kStream),
       (std::vector<int>{1, 2, 5, 15, 16, 50, 51, 85, 86}));
   // The same close way, but the first call of each trial, after the change of way, twice as slow
   // (streaming stores leave the slots in memory, and normal stores fetch them back): loud, so
-  // tried 256 calls apart once it has three times.
+  // tried 64 calls apart once it has two times, 256 once it has three.
   shm::WayChoice loud;
   EXPECT_EQ(not_going(run_choice(
-                          loud, stores, 350, [](Way w, int) { return w == Way::kStream ? 1.0 : 1.1; }, 2.0),
+                          loud, stores, 350, [](Way w, int) { return w == Way::kStream ? 1.0 : 1.06; }, 2.0),
                       Way::kStream),
-            (std::vector<int>{1, 2, 5, 15, 16, 50, 51, 309, 310}));
+            (std::vector<int>{1, 2, 5, 15, 16, 82, 83, 341, 342}));
   // Back to the first choice, after its 400 calls:
   choice.took(Way::kStream, 9.0);  // one slow call (a preemption) does not turn the choice
   EXPECT_EQ(choice.choose(stores), Way::kStream);
@@ -112,8 +112,8 @@ TEST(WayChoice, RankZeroTimesAgainAWayItTimedOnce) {
 }
 
 // A slow spell of the machine slows whichever way is in use: three slow calls of streaming turn the
-// choice to normal stores, whose times are older. Streaming, the way left behind, is tried again
-// 32 calls later (kTryClose) whatever its last times say, and taken back.
+// choice to normal stores, timed again just after the spell. Streaming, the way left behind, is
+// tried again 32 calls later (kTryClose) whatever its last times say, and taken back.
 TEST(WayChoice, RankZeroTriesAgainTheWayItLeft) {
   using shm::Way;
   const unsigned stores = shm::way_bit(Way::kNormal) | shm::way_bit(Way::kStream);
@@ -124,13 +124,15 @@ TEST(WayChoice, RankZeroTriesAgainTheWayItLeft) {
     if (w == Way::kNormal) return timed >= 60 && timed < 65 ? 2.6 : 1.3;
     return timed >= 60 && timed < 65 ? 2.0 : 1.0;  // the spell: every way twice as slow
   });
-  std::vector<int> normal{1, 2, 5, 15, 16, 50, 51};
-  for (int k = 72; k <= 103; ++k) normal.push_back(k);
-  // Streaming's trial at 104-105, the call back at 106, then streaming; normal stores, left behind
+  // Normal stores' trial at 70-71 (64 calls after the one before: 30% slower, loud), then normal
+  // stores from 72.
+  std::vector<int> normal{1, 2, 5, 15, 16};
+  for (int k = 70; k <= 101; ++k) normal.push_back(k);
+  // Streaming's trial at 102-103, the call back at 104, then streaming; normal stores, left behind
   // in turn, are tried 32 calls later, and after that every 256 (their trials are loud).
-  normal.push_back(106);
-  normal.push_back(139);
-  normal.push_back(140);
+  normal.push_back(104);
+  normal.push_back(137);
+  normal.push_back(138);
   EXPECT_EQ(not_going(went, Way::kStream), normal);
 }
 
@@ -184,12 +186,13 @@ TEST(WayChoice, RankZeroTimesASingleCopyOnItsThirdCallInARow) {
             (std::vector<Way>{Way::kSingleCopy, Way::kSingleCopy, Way::kSingleCopy, Way::kNormal, Way::kSingleCopy,
                               Way::kSingleCopy}));
   EXPECT_EQ(not_going(went, Way::kSingleCopy),
-            (std::vector<int>{1, 2, 3, 4, 8, 17, 18, 19, 20, 54, 55, 83, 84, 89, 90}));
-  // Slower, it is left, and tried for three calls in a row now and then.
+            (std::vector<int>{1, 2, 3, 4, 8, 17, 18, 19, 20, 54, 55, 84, 85, 89, 90}));
+  // Slower, it is left, and tried for three calls in a row now and then (its second call 30% slower
+  // than normal stores: loud, 64 calls apart from its second trial).
   shm::WayChoice slower;
   const auto left = run_choice(slower, all, 100, cost(1.2));
-  EXPECT_EQ(not_going(left, Way::kNormal), (std::vector<int>{3, 4, 5, 6, 7, 17, 18, 19, 20, 21, 55, 56, 57, 70, 71}));
-  for (int call : {5, 6, 7, 19, 20, 21, 55, 56, 57}) EXPECT_EQ(left[size_t(call - 1)], Way::kSingleCopy) << call;
+  EXPECT_EQ(not_going(left, Way::kNormal), (std::vector<int>{3, 4, 5, 6, 7, 17, 18, 19, 20, 21, 84, 85, 87, 88, 89}));
+  for (int call : {5, 6, 7, 19, 20, 21, 87, 88, 89}) EXPECT_EQ(left[size_t(call - 1)], Way::kSingleCopy) << call;
 }
 
 }  // namespace

@@ -151,9 +151,10 @@ class WayChoice {
   static constexpr uint64_t kTryLeast = 8, kTryClose = 32, kTryMost = 1024;
   // A trial is loud where one of its calls, or the call back after it, took more than kLoud times
   // the way in use: such a way, slower and with kKept times, is tried at least kTryLoud calls
-  // apart, so that trials stay out of the slowest 5% of calls (Note [Streaming into the slots]).
-  static constexpr double kLoud = 1.25;
-  static constexpr uint64_t kTryLoud = 256;
+  // apart, so that trials stay out of the slowest 5% of calls (Note [Streaming into the slots]);
+  // with two times, kTryLoudOnTwo.
+  static constexpr double kLoud = 1.1;
+  static constexpr uint64_t kTryLoud = 256, kTryLoudOnTwo = 64;
   // Calls of a way that are not counted where it follows another way (and at the first call): they
   // find the slots, or the pages the kernel pins, as the other way left them. A single copy reaches
   // its pace on its third call (Note [Streaming into the slots]), the slots on their second.
