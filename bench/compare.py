@@ -29,7 +29,9 @@ is work between the calls that, with more ranks than cores, slows the calls afte
 --load runs a CPU-bound process beside every benchmark (one core taken from the ranks) and prints
 the 95th percentile next to the median, chorus against Open MPI (bench/mpi_tail.c): how much a
 rank that spins loses when a core is not its own. Loaded, both time more calls (--tail: 400 up to
-1 MiB, 40 beyond), so that a p95 is not decided by whether a third call met a time slice.
+1 MiB, 40 beyond), so that a p95 is not decided by whether a third call met a time slice, after as
+many untimed ones: the p95 of a loop's steady calls, past the first calls of a size, in which
+chorus's rank 0 tries its ways of moving the data.
 --load matmul loads the ranks themselves, as a training step does: before every call each rank
 multiplies two 256 x 256 float matrices on two intra-op threads of torch (bench/step_load.cc, the
 same code in chorus-bench and in mpi_tail.c), whose idle thread, by OpenMP's default, then polls

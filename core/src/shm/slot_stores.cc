@@ -100,7 +100,10 @@ void WayChoice::schedule(Way w) {
   // Timed once: perhaps on buffers still warming up (Note [Streaming into the slots]); once more soon.
   // A loud trial (kLoud) of a slower way puts its calls among the slowest: tried at least kTryLoud
   // calls apart, once it has as many times as the way in use (fewer may all have met a slow spell).
-  const bool loud = timed(w) >= 2 && slower > 1 && peak_[int(w)] > kLoud * in_use;
+  // With two times only, its times must say it is slower by more than kLoud too: both may have met
+  // buffers still warming up or a slow spell, and a way left 64 calls on such times loses them all.
+  const bool sure = timed(w) >= kKept || (timed(w) == 2 && slower > kLoud);
+  const bool loud = sure && slower > 1 && peak_[int(w)] > kLoud * in_use;
   const uint64_t loud_gap = !loud ? 0 : timed(w) >= kKept ? kTryLoud : kTryLoudOnTwo;
   const double share_gap = std::max(2 * (slower - 1) / kTryShare, double(loud_gap));
   const uint64_t gap = timed(w) < 2 ? kTryLeast : uint64_t(std::clamp(share_gap, double(kTryClose), double(kTryMost)));
