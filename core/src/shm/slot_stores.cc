@@ -99,9 +99,10 @@ void WayChoice::schedule(Way w) {
   const double slower = in_use > 0 ? std::max(1.0, cost(w) / in_use) : 1.0;
   // Timed once: perhaps on buffers still warming up (Note [Streaming into the slots]); once more soon.
   // A loud trial (kLoud) of a slower way puts its calls among the slowest: tried at least kTryLoud
-  // calls apart, once it has as many times as the way in use (fewer may all have met a slow spell).
-  // With two times only, its times must say it is slower by more than kLoud too: both may have met
-  // buffers still warming up or a slow spell, and a way left 64 calls on such times loses them all.
+  // calls apart, once it has as many times as the way in use (fewer may all have met a slow spell),
+  // and kTryLoudOnTwo apart with two times where those say it is more than kLoud slower too: two
+  // times close to the way in use's may both have met buffers still warming up or a slow spell,
+  // and the calls until the next trial would then go the slower way.
   const bool sure = timed(w) >= kKept || (timed(w) == 2 && slower > kLoud);
   const bool loud = sure && slower > 1 && peak_[int(w)] > kLoud * in_use;
   const uint64_t loud_gap = !loud ? 0 : timed(w) >= kKept ? kTryLoud : kTryLoudOnTwo;

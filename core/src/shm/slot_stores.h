@@ -84,7 +84,10 @@
 // way may be judged loud from its second time, where its times also say it is more than kLoud
 // slower, and is then tried 64 calls apart until it has kKept (kTryLoudOnTwo). The W=2 16 MiB
 // all_gather with the matmul, 40 calls timed after 40 untimed, three alternating rounds: p95
-// 3.32-3.66 ms against 4.06-4.17 before, Open MPI 3.36-5.48.
+// 3.32-3.66 ms against 4.06-4.17 before, Open MPI 3.36-5.48 (a first build of the rule, which
+// judged a way so on any two times); compare.py --load matmul, median / p95 of three runs: 2.75 /
+// 2.82 ms against Open MPI's 2.98 / 3.07, and W=4's 16 MiB broadcast 1.31 / 1.46 against 1.66 /
+// 1.90 (1.33 / 3.05 against 1.75 / 4.53 before).
 // A slow spell of the machine slows whichever way is in use (on the same VM normal stores took
 // 75-80 us instead of 45 for 8 to 60 calls of a 1 MiB broadcast in a row, now and then), and the
 // way in use's three kept times then turn the choice to a way with older, faster times, while the
