@@ -43,17 +43,23 @@ void Work::on_finish(std::function<void(std::exception_ptr)> fn) {
   fn(error);
 }
 
+// The callbacks run before the work counts as done, so that a thread returning from wait() finds
+// them run (a handle's bookkeeping, a future completed); one added while they run runs too. They
+// may not wait on this Work (on_finish), so nothing waits for done_ here.
 void Work::finish(std::exception_ptr error) {
-  std::vector<std::function<void(std::exception_ptr)>> callbacks;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    done_ = true;
-    error_ = error;
+  std::unique_lock<std::mutex> lock(mu_);
+  runner_ = nullptr;
+  while (!callbacks_.empty()) {
+    std::vector<std::function<void(std::exception_ptr)>> callbacks;
     callbacks.swap(callbacks_);
-    runner_ = nullptr;
+    lock.unlock();
+    for (auto& fn : callbacks) fn(error);
+    lock.lock();
   }
+  done_ = true;
+  error_ = error;
+  lock.unlock();
   cv_.notify_all();
-  for (auto& fn : callbacks) fn(error);
 }
 
 void Work::set_runner(std::function<bool()> runner) {

@@ -39,7 +39,7 @@ class Work {
 
  private:
   friend class CallOrder;  // the executor: the only one that runs and finishes a Work
-  // Marks the operation finished, then runs the on_finish callbacks. Thread-safe; wakes waiters.
+  // Runs the on_finish callbacks, then marks the operation finished. Thread-safe; wakes waiters.
   void finish(std::exception_ptr error);
   // Note [Running on the waiter]: `runner` runs the operation on the calling thread if it has not
   // started yet and nothing must run before it, and says whether it did. wait() without a
