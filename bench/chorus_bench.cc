@@ -75,9 +75,9 @@
 // beyond, where a call of several ms spans slices by itself, after as many untimed ones: a p95 of
 // the calls a training loop makes, past the first calls of a size, in which chorus's rank 0 tries
 // its ways (Note [Streaming into the slots]: after 10 untimed calls, the 40 timed calls of 16 MiB
-// held its first trials, the slowest of them). W=2, 1 MiB all_gather, 400 calls, three alternating runs beside the same process:
-// chorus's p95 0.37-0.51 ms (means 289-384 us), Open MPI's 4.37, 4.56 and 0.46 ms (means
-// 351-915). compare.py --load passes --tail to both.
+// held its first trials, the slowest of them). W=2, 1 MiB all_gather, 400 calls, three alternating
+// runs beside the same process: chorus's p95 0.37-0.51 ms (means 289-384 us), Open MPI's 4.37,
+// 4.56 and 0.46 ms (means 351-915). compare.py --load passes --tail to both.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
