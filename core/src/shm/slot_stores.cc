@@ -77,6 +77,7 @@ void WayChoice::took(Way w, double per_byte) {
   if (w == use_) leaving_ = false;
   if (run_ <= kUncounted[int(w)]) return;
   Kept& k = kept_[int(w)];
+  if (timed(w) == 0) first_timed_[int(w)] = decided_;
   k.times[k.next++ % kKept] = per_byte;
   if (settled_ && w != use_ && !left) schedule(w);  // a trial's time: the next trial goes by it
 }
@@ -97,7 +98,10 @@ size_t WayChoice::timed(Way w) const {
 void WayChoice::schedule(Way w) {
   const double in_use = cost(use_);  // 0 where the way in use was not timed yet (the ways allowed changed)
   const double slower = in_use > 0 ? std::max(1.0, cost(w) / in_use) : 1.0;
-  // Timed once: perhaps on buffers still warming up (Note [Streaming into the slots]); once more soon.
+  // Timed once, before the way in use first was: perhaps on buffers still warming up, which slow
+  // the first calls most (Note [Streaming into the slots]); once more soon. Timed once after it,
+  // its time is no colder than the way in use's, but may have met a preemption: once more
+  // kTryClose calls later, past the first calls of a size.
   // A loud trial (kLoud) of a slower way puts its calls among the slowest: tried at least kTryLoud
   // calls apart, once it has as many times as the way in use (fewer may all have met a slow spell),
   // and kTryLoudOnTwo apart with two times where those say it is more than kLoud slower too: two
@@ -107,7 +111,9 @@ void WayChoice::schedule(Way w) {
   const bool loud = sure && slower > 1 && peak_[int(w)] > kLoud * in_use;
   const uint64_t loud_gap = !loud ? 0 : timed(w) >= kKept ? kTryLoud : kTryLoudOnTwo;
   const double share_gap = std::max(2 * (slower - 1) / kTryShare, double(loud_gap));
-  const uint64_t gap = timed(w) < 2 ? kTryLeast : uint64_t(std::clamp(share_gap, double(kTryClose), double(kTryMost)));
+  const bool colder = first_timed_[int(use_)] == 0 || first_timed_[int(w)] < first_timed_[int(use_)];
+  const uint64_t gap = timed(w) < 2 ? (colder ? kTryLeast : kTryClose)
+                                    : uint64_t(std::clamp(share_gap, double(kTryClose), double(kTryMost)));
   next_try_[int(w)] = decided_ + gap;
 }
 

@@ -163,7 +163,8 @@ class WayChoice {
   static constexpr double kSwitchBelow = 0.9;  // another way must be this much faster to switch
   // Trials of the other ways take about this share of the time of such calls: a way s times
   // slower than the way in use is tried for two calls every 2 (s - 1) / kTryShare calls, at
-  // least kTryClose and at most kTryMost apart; a way timed once, again after kTryLeast.
+  // least kTryClose and at most kTryMost apart; a way timed once, again after kTryLeast where it
+  // was timed before the way in use first was, else after kTryClose.
   static constexpr double kTryShare = 0.02;
   static constexpr uint64_t kTryLeast = 8, kTryClose = 32, kTryMost = 1024;
   // A trial is loud where one of its calls, or the call back after it, took more than kLoud times
@@ -201,12 +202,13 @@ class WayChoice {
   // Sets when way `w` is tried next (Note [Streaming into the slots]), from its times so far.
   void schedule(Way w);
   Kept kept_[kWays];
-  double peak_[kWays] = {};        // the slowest call of each way's last trial, or of the call back after it
-  uint64_t next_try_[kWays] = {};  // the call that starts the next trial of each way; 0: none set
-  uint64_t decided_ = 1;           // the call last decided (the first goes the first allowed way)
-  Way use_ = Way::kNormal;         // the way in use
-  bool settled_ = false;           // use_ was taken from every allowed way's time
-  int trial_left_ = 0;             // calls of the trial of way tried_ still to decide after the last one decided
+  double peak_[kWays] = {};           // the slowest call of each way's last trial, or of the call back after it
+  uint64_t next_try_[kWays] = {};     // the call that starts the next trial of each way; 0: none set
+  uint64_t first_timed_[kWays] = {};  // the call decided when each way's first time came in; 0: none yet
+  uint64_t decided_ = 1;              // the call last decided (the first goes the first allowed way)
+  Way use_ = Way::kNormal;            // the way in use
+  bool settled_ = false;              // use_ was taken from every allowed way's time
+  int trial_left_ = 0;                // calls of the trial of way tried_ still to decide after the last one decided
   Way tried_ = Way::kNormal;
   Way last_ = Way::kNormal;  // the way of the last call timed
   int run_ = 0;              // calls timed in a row that went way last_
