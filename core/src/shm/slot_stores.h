@@ -41,26 +41,36 @@
 // a process has not used for a while is slow for its first milliseconds, Note [Warm buffers] in
 // bench/chorus_bench.cc), and a way timed once there is judged on that call (W=2, 1 MiB
 // all_gather: normal stores timed once, on the second call, at up to 2.3x what they took 15 calls
-// later, and not tried again in the 50 calls after). The next trial is set once a trial's own
-// time is in, and again at the call back after it (took()): set from the times before the
-// trial, as it was, the gap followed the cold calls the trial was there to look past (W=2, 1 MiB
-// all_gather: normal stores at 350 us on the second call, 231 on their trial 15 calls later, tried
-// next 68 calls after that, where they took 137 against the single copy's 170-250). Trials at a
-// fixed two calls in 32 (6%) were the slowest 5% of calls wherever the other way was much slower,
-// and made chorus's tail: W=2, 2 threads of matmul between calls (compare.py --load matmul), a 1
-// MiB broadcast's p95 took 426-433 us against a median of 41-42 (Open MPI's p95: 198-200), and
-// 48-50 us with the way fixed by CHORUS_SHM_STREAM_SLOTS=1. And a way close to the one in use is
-// tried often, so that its kept times are as recent as the way in use's, and it is taken once it
-// is faster by more than kSwitchBelow: at W=2, 64 KiB, which of the single copy below and the
-// slots is faster changes with the state, and so did the way the runs took (their medians 7.8-8.7
-// us where the single copy was taken, 10.1-11.5 where the slots were; Open MPI 10.5-11.5).
-// But not every 8 calls, as a way tried once is (kTryLeast): at least kTryClose apart. With three
-// close ways, trials 8 calls apart put half the calls in a trial or in the change of way after one,
-// and those are the slower calls (the 2-core Xeon VM, W=2, 1 MiB all_gather with the matmul before
-// each call, five alternating rounds: p95 344-452 us with trials of close ways 32 calls apart
-// against 355-474 at 8, medians even; unloaded, four rounds, 1 MiB 240-268 against 249-266 us, p95
-// 301-342 against 326-457, 16 MiB 4.71-5.05 against 4.98-5.16 ms). 32 calls of 1 MiB take 10 ms,
-// and a state lasts seconds.
+// later, and not tried again in the 50 calls after). So soon only where the way was timed before
+// the way in use first was: a later call runs on warmer buffers, so a way timed once after it, and
+// slower, was not misjudged on colder ones; it is tried again kTryClose calls later (its one time
+// may have met a preemption). Tried 8 calls later, as every way timed once was, a W=2 16 MiB
+// all_gather's streaming stores and single copy (timed at its 4th and 7th calls, after normal
+// stores at its 2nd) came back at calls 17-21, at 1.0-3.1x normal stores' time: 4 of
+// chorus-bench's 10 timed calls after its 10 untimed (median 4.96 ms against 3.99 for b609d2a's,
+// which tried its one other way once at the 8th call). Tried 32 calls later, calls 8 to 20 all
+// went normal stores in 6 runs of 8 (in the other two normal stores took 9-12 ms on
+// their first calls and on their trial at calls 17-18, and streaming, at 4-5, was kept). The next
+// trial is set once a trial's own time is in, and again at the call back after it (took()): set
+// from the times before the trial, as it was, the gap followed the cold calls the trial was there
+// to look past (W=2, 1 MiB all_gather: normal stores at 350 us on the second call, 231 on their
+// trial 15 calls later, tried next 68 calls after that, where they took 137 against the single
+// copy's 170-250). Trials at a fixed two calls in 32 (6%) were the slowest 5% of calls wherever the
+// other way was much slower, and made chorus's tail: W=2, 2 threads of matmul between calls
+// (compare.py --load matmul), a 1 MiB broadcast's p95 took 426-433 us against a median of 41-42
+// (Open MPI's p95: 198-200), and 48-50 us with the way fixed by CHORUS_SHM_STREAM_SLOTS=1. And a
+// way close to the one in use is tried often, so that its kept times are as recent as the way in
+// use's, and it is taken once it is faster by more than kSwitchBelow: at W=2, 64 KiB, which of the
+// single copy below and the slots is faster changes with the state, and so did the way the runs
+// took (their medians 7.8-8.7 us where the single copy was taken, 10.1-11.5 where the slots were;
+// Open MPI 10.5-11.5).
+// But not every 8 calls, as a way timed once may be (kTryLeast): at least kTryClose apart. With
+// three close ways, trials 8 calls apart put half the calls in a trial or in the change of way
+// after one, and those are the slower calls (the 2-core Xeon VM, W=2, 1 MiB all_gather with the
+// matmul before each call, five alternating rounds: p95 344-452 us with trials of close ways 32
+// calls apart against 355-474 at 8, medians even; unloaded, four rounds, 1 MiB 240-268 against
+// 249-266 us, p95 301-342 against 326-457, 16 MiB 4.71-5.05 against 4.98-5.16 ms). 32 calls of 1
+// MiB take 10 ms, and a state lasts seconds.
 // A trial costs more than its counted call: its first call finds the slots as the other way left
 // them, and so does the call back after it. On the Xeon VM (model 167), W=2: a 1 MiB broadcast's
 // streaming trial took 190-200 us on its first call and 75-80 on its second, where normal stores
