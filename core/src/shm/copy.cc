@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
+#include <string>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -55,6 +57,27 @@ void stream(const Streamer& s, uint8_t* dst, const uint8_t* src, size_t n) {
 }
 #endif
 }  // namespace
+
+size_t stream_group_bytes(size_t last_level) {
+  const size_t by_cache = size_t(kStreamLastLevel * double(last_level));
+  return last_level > 0 ? std::min(kStreamGroupBytes, by_cache) : kStreamGroupBytes;
+}
+
+size_t stream_group_bytes() {
+  static const size_t bytes = [] {
+    size_t largest = 0;  // sysfs lists cpu0's caches as index0, index1, ..., sizes as "32768K"
+    for (int i = 0;; ++i) {
+      std::ifstream f("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/size");
+      size_t n = 0;
+      char unit = 0;
+      if (!(f >> n)) break;
+      f >> unit;
+      largest = std::max(largest, n << (unit == 'K' ? 10 : unit == 'M' ? 20 : unit == 'G' ? 30 : 0));
+    }
+    return stream_group_bytes(largest);
+  }();
+  return bytes;
+}
 
 void copy_out(void* dst, const void* src, size_t n, bool stream) {
   if (n == 0) return;

@@ -19,7 +19,14 @@
 // broadcast 1.47-1.48 against 1.77-1.81 (128), all_reduce 11.6-12.2 against 14.1-14.2 (256). So a
 // call streams where it touches kStreamGroupBytes, between what these caches held (96 MiB) and what
 // they did not (128). The CPU cannot say where that lies: a VM reports its host's last-level cache
-// (480 MiB on that VM), shared with its other tenants.
+// (480 MiB on that VM), shared with its other tenants. But where it reports a small one, the
+// caches hold less: on the 2-core Zen 4 VM (model 17, 32 MiB of L3, which that VM reports as it
+// is), W=2, 16 MiB all_gather (96 MiB), streaming against normal copies out, alternating rounds
+// of chorus-bench: 3.82 against 4.10 ms with normal stores into the slots (8 rounds), 4.22 against
+// 4.90 with rank 0's choice of them (16 rounds; 3.80 against 3.81 in 8 more); all_reduce (64 MiB)
+// 3.29 against 3.51 (10), but W=4 broadcast (64 MiB) 2.07 against 1.70 (10; 2.08 against 1.76 in
+// 10 more). So a call also streams where it touches kStreamLastLevel times the last-level cache
+// the CPU reports, between the 64 and 96 MiB of that VM (stream_group_bytes).
 #pragma once
 
 #include <cstddef>
@@ -27,13 +34,20 @@
 namespace chorus::shm {
 
 // Messages at least this large (bytes per rank) stream their copies into user buffers, where the
-// call touches at least kStreamGroupBytes of the group's inputs and outputs (streams_out).
+// call touches at least stream_group_bytes() of the group's inputs and outputs (streams_out):
+// kStreamGroupBytes, or kStreamLastLevel times the last-level cache the CPU reports if less.
 constexpr size_t kStreamMinBytes = 4u << 20;
 constexpr size_t kStreamGroupBytes = 112u << 20;
+constexpr double kStreamLastLevel = 2.5;
+// The group bytes from which calls stream their copies out, on a CPU that reports a last-level
+// cache of `last_level` bytes (0: none reported).
+size_t stream_group_bytes(size_t last_level);
+// The same on this machine (its first CPU's largest cache, from sysfs).
+size_t stream_group_bytes();
 // Whether a call of `message` bytes per rank, whose group's inputs and outputs hold `group_bytes`
 // in all, streams its copies into user buffers (Note [Streaming stores]).
-constexpr bool streams_out(size_t message, size_t group_bytes) {
-  return message >= kStreamMinBytes && group_bytes >= kStreamGroupBytes;
+inline bool streams_out(size_t message, size_t group_bytes) {
+  return message >= kStreamMinBytes && group_bytes >= stream_group_bytes();
 }
 
 // memcpy, with streaming stores when `stream` (and the CPU has AVX2). Non-overlapping buffers.

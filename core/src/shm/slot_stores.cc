@@ -101,7 +101,9 @@ void WayChoice::schedule(Way w) {
   // Timed once, before the way in use first was: perhaps on buffers still warming up, which slow
   // the first calls most (Note [Streaming into the slots]); once more soon. Timed once after it,
   // its time is no colder than the way in use's, but may have met a preemption: once more
-  // kTryClose calls later, past the first calls of a size.
+  // kTryClose calls later, past the first calls of a size. More than kColdMost times slower,
+  // before or after, is more than warming explains, and its trial's calls would be among the
+  // slowest: once more kTryLoudOnTwo calls later, as a way timed twice and loud.
   // A loud trial (kLoud) of a slower way puts its calls among the slowest: tried at least kTryLoud
   // calls apart, once it has as many times as the way in use (fewer may all have met a slow spell),
   // and kTryLoudOnTwo apart with two times where those say it is more than kLoud slower too: two
@@ -112,8 +114,8 @@ void WayChoice::schedule(Way w) {
   const uint64_t loud_gap = !loud ? 0 : timed(w) >= kKept ? kTryLoud : kTryLoudOnTwo;
   const double share_gap = std::max(2 * (slower - 1) / kTryShare, double(loud_gap));
   const bool colder = first_timed_[int(use_)] == 0 || first_timed_[int(w)] < first_timed_[int(use_)];
-  const uint64_t gap = timed(w) < 2 ? (colder ? kTryLeast : kTryClose)
-                                    : uint64_t(std::clamp(share_gap, double(kTryClose), double(kTryMost)));
+  uint64_t gap = uint64_t(std::clamp(share_gap, double(kTryClose), double(kTryMost)));
+  if (timed(w) < 2) gap = slower > kColdMost ? kTryLoudOnTwo : colder ? kTryLeast : kTryClose;
   next_try_[int(w)] = decided_ + gap;
 }
 

@@ -174,9 +174,12 @@ class WayChoice {
   // Trials of the other ways take about this share of the time of such calls: a way s times
   // slower than the way in use is tried for two calls every 2 (s - 1) / kTryShare calls, at
   // least kTryClose and at most kTryMost apart; a way timed once, again after kTryLeast where it
-  // was timed before the way in use first was, else after kTryClose.
+  // was timed before the way in use first was, else after kTryClose, and after kTryLoudOnTwo
+  // where it was more than kColdMost times slower than the way in use.
   static constexpr double kTryShare = 0.02;
   static constexpr uint64_t kTryLeast = 8, kTryClose = 32, kTryMost = 1024;
+  // More than warming buffers slowed a way on its first calls (up to 2.3-2.6 times).
+  static constexpr double kColdMost = 3.0;
   // A trial is loud where one of its calls, or the call back after it, took more than kLoud times
   // the way in use: such a way, slower and with kKept times, is tried at least kTryLoud calls
   // apart, so that trials stay out of the slowest 5% of calls (Note [Streaming into the slots]);
