@@ -44,7 +44,12 @@
 // later, and not tried again in the 50 calls after). So soon only where the way was timed before
 // the way in use first was: a later call runs on warmer buffers, so a way timed once after it, and
 // slower, was not misjudged on colder ones; it is tried again kTryClose calls later (its one time
-// may have met a preemption). Tried 8 calls later, as every way timed once was, a W=2 16 MiB
+// may have met a preemption). Nor where its one time was more than kColdMost times the way in
+// use's, more than warming was seen to explain: it is tried again kTryLoudOnTwo calls later, as a
+// way loud on two times (W=2, 64 MiB all_gather beside a CPU-bound process, in the slowest state:
+// normal stores at 82-98 ms on their first calls against streaming's 24, tried again 8 calls
+// later at 74-76 ms, two of compare.py --load's 40 timed calls, which set its p95: 82 ms against
+// Open MPI's 54). Tried 8 calls later, as every way timed once was, a W=2 16 MiB
 // all_gather's streaming stores and single copy (timed at its 4th and 7th calls, after normal
 // stores at its 2nd) came back at calls 17-21, at 1.0-3.1x normal stores' time: 4 of
 // chorus-bench's 10 timed calls after its 10 untimed (median 4.96 ms against 3.99 for b609d2a's,
