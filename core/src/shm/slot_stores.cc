@@ -15,8 +15,10 @@ Way WayChoice::choose(unsigned allowed) {
   for (size_t i = 0; i < n; ++i)
     if (call <= (first_calls += kUncounted[int(ways[i])] + 1)) return ways[i];
   if (trial_left_ > 0 && (allowed & way_bit(tried_))) {  // a trial's calls after its first
-    if (--trial_left_ == 0)  // its counted call, whose time sets the next trial once it is in (took())
+    if (--trial_left_ == 0) {  // its counted call, whose time sets the next trial once it is in (took())
       next_try_[int(tried_)] = decided_ + kTryLeast;
+      scheduled_[int(tried_)] = 0;
+    }
     return tried_;
   }
   trial_left_ = 0;
@@ -38,6 +40,7 @@ Way WayChoice::choose(unsigned allowed) {
     // spell of the machine, which slows every way, and the way taken has older times.
     if (settled_ && best != use_) {
       next_try_[int(use_)] = decided_ + kTryClose;
+      scheduled_[int(use_)] = 0;
       leaving_ = true;
       left_ = use_;
     }
@@ -47,7 +50,11 @@ Way WayChoice::choose(unsigned allowed) {
   for (size_t i = 0; i < n; ++i) {
     const Way w = ways[i];
     if (w == use_) continue;
-    if (next_try_[int(w)] == 0) schedule(w);
+    if (next_try_[int(w)] == 0) schedule(w, decided_);
+    // Due by the times it was set from: set again from the same call by the times as they are now.
+    // The way in use's may have come down since, as its first calls warmed the buffers, and a way
+    // then left further behind than it was is tried later (schedule()).
+    if (next_try_[int(w)] <= decided_ && scheduled_[int(w)] != 0) schedule(w, scheduled_[int(w)]);
     if (next_try_[int(w)] <= decided_ && trial_left_ == 0) {
       trial_left_ = kUncounted[int(w)];  // this call and as many more, the last one counted
       tried_ = w;
@@ -67,7 +74,7 @@ void WayChoice::took(Way w, double per_byte) {
   if (in_trial_ && w != trial_way_) {  // the call back: the trial is over
     in_trial_ = false;
     peak_[int(trial_way_)] = std::max(trial_peak_, per_byte);
-    if (trial_way_ != use_) schedule(trial_way_);
+    if (trial_way_ != use_) schedule(trial_way_, decided_);
   } else if (settled_ && w != use_ && !left) {
     if (!in_trial_) trial_peak_ = 0;
     in_trial_ = true;
@@ -79,7 +86,7 @@ void WayChoice::took(Way w, double per_byte) {
   Kept& k = kept_[int(w)];
   if (timed(w) == 0) first_timed_[int(w)] = decided_;
   k.times[k.next++ % kKept] = per_byte;
-  if (settled_ && w != use_ && !left) schedule(w);  // a trial's time: the next trial goes by it
+  if (settled_ && w != use_ && !left) schedule(w, decided_);  // a trial's time: the next trial goes by it
 }
 
 double WayChoice::cost(Way w) const {
@@ -95,7 +102,7 @@ size_t WayChoice::timed(Way w) const {
   return n;
 }
 
-void WayChoice::schedule(Way w) {
+void WayChoice::schedule(Way w, uint64_t from) {
   const double in_use = cost(use_);  // 0 where the way in use was not timed yet (the ways allowed changed)
   const double slower = in_use > 0 ? std::max(1.0, cost(w) / in_use) : 1.0;
   // Timed once, before the way in use first was: perhaps on buffers still warming up, which slow
@@ -103,20 +110,22 @@ void WayChoice::schedule(Way w) {
   // its time is no colder than the way in use's, but may have met a preemption: once more
   // kTryClose calls later, past the first calls of a size. More than kColdMost times slower,
   // before or after, is more than warming explains, and its trial's calls would be among the
-  // slowest: once more kTryLoudOnTwo calls later, as a way timed twice and loud.
+  // slowest: as a way timed twice and loud.
   // A loud trial (kLoud) of a slower way puts its calls among the slowest: tried at least kTryLoud
   // calls apart, once it has as many times as the way in use (fewer may all have met a slow spell),
   // and kTryLoudOnTwo apart with two times where those say it is more than kLoud slower too: two
   // times close to the way in use's may both have met buffers still warming up or a slow spell,
   // and the calls until the next trial would then go the slower way.
-  const bool sure = timed(w) >= kKept || (timed(w) == 2 && slower > kLoud);
-  const bool loud = sure && slower > 1 && peak_[int(w)] > kLoud * in_use;
+  const bool cold_most = timed(w) < 2 && slower > kColdMost;
+  const bool sure = timed(w) >= kKept || (timed(w) == 2 && slower > kLoud) || cold_most;
+  const bool loud = cold_most || (sure && slower > 1 && peak_[int(w)] > kLoud * in_use);
   const uint64_t loud_gap = !loud ? 0 : timed(w) >= kKept ? kTryLoud : kTryLoudOnTwo;
   const double share_gap = std::max(2 * (slower - 1) / kTryShare, double(loud_gap));
   const bool colder = first_timed_[int(use_)] == 0 || first_timed_[int(w)] < first_timed_[int(use_)];
   uint64_t gap = uint64_t(std::clamp(share_gap, double(kTryClose), double(kTryMost)));
-  if (timed(w) < 2) gap = slower > kColdMost ? kTryLoudOnTwo : colder ? kTryLeast : kTryClose;
-  next_try_[int(w)] = decided_ + gap;
+  if (timed(w) < 2 && !cold_most) gap = colder ? kTryLeast : kTryClose;
+  next_try_[int(w)] = from + gap;
+  scheduled_[int(w)] = from;
 }
 
 }  // namespace chorus::shm

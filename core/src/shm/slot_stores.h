@@ -45,30 +45,39 @@
 // the way in use first was: a later call runs on warmer buffers, so a way timed once after it, and
 // slower, was not misjudged on colder ones; it is tried again kTryClose calls later (its one time
 // may have met a preemption). Nor where its one time was more than kColdMost times the way in
-// use's, more than warming was seen to explain: it is tried again kTryLoudOnTwo calls later, as a
-// way loud on two times (W=2, 64 MiB all_gather beside a CPU-bound process, in the slowest state:
-// normal stores at 82-98 ms on their first calls against streaming's 24, tried again 8 calls
-// later at 74-76 ms, two of compare.py --load's 40 timed calls, which set its p95: 82 ms against
-// Open MPI's 54). Tried 8 calls later, as every way timed once was, a W=2 16 MiB
-// all_gather's streaming stores and single copy (timed at its 4th and 7th calls, after normal
-// stores at its 2nd) came back at calls 17-21, at 1.0-3.1x normal stores' time: 4 of
-// chorus-bench's 10 timed calls after its 10 untimed (median 4.96 ms against 3.99 for b609d2a's,
-// which tried its one other way once at the 8th call). Tried 32 calls later, calls 8 to 20 all
-// went normal stores in 6 runs of 8 (in the other two normal stores took 9-12 ms on
-// their first calls and on their trial at calls 17-18, and streaming, at 4-5, was kept). The next
-// trial is set once a trial's own time is in, and again at the call back after it (took()): set
-// from the times before the trial, as it was, the gap followed the cold calls the trial was there
-// to look past (W=2, 1 MiB all_gather: normal stores at 350 us on the second call, 231 on their
-// trial 15 calls later, tried next 68 calls after that, where they took 137 against the single
-// copy's 170-250). Trials at a fixed two calls in 32 (6%) were the slowest 5% of calls wherever the
-// other way was much slower, and made chorus's tail: W=2, 2 threads of matmul between calls
-// (compare.py --load matmul), a 1 MiB broadcast's p95 took 426-433 us against a median of 41-42
-// (Open MPI's p95: 198-200), and 48-50 us with the way fixed by CHORUS_SHM_STREAM_SLOTS=1. And a
-// way close to the one in use is tried often, so that its kept times are as recent as the way in
-// use's, and it is taken once it is faster by more than kSwitchBelow: at W=2, 64 KiB, which of the
-// single copy below and the slots is faster changes with the state, and so did the way the runs
-// took (their medians 7.8-8.7 us where the single copy was taken, 10.1-11.5 where the slots were;
-// Open MPI 10.5-11.5).
+// use's, more than warming was seen to explain: it is tried as a way loud on two times is, every 2
+// (s - 1) / kTryShare calls and at least kTryLoudOnTwo apart (W=2, 64 MiB all_gather beside a
+// CPU-bound process, in the slowest state: normal stores at 82-98 ms on their first calls against
+// streaming's 24, tried again 8 calls later at 74-76 ms, two of compare.py --load's 40 timed calls,
+// which set its p95: 82 ms against Open MPI's 54; tried 64 calls later, as in a first build of this
+// rule, the W=2 16 MiB all_gather's normal stores, timed once at 3.9 times streaming's time with
+// the matmul before each call, came back at calls 73-74, two of the 40 timed after 40 untimed, at
+// 10.5 ms against 2.6-5.1: the run's p95, against Open MPI's 8.3-9.8). And the times a trial was
+// set from may be stale by the time it falls due: it is set again from the same call by the times
+// as they are then, where schedule() set it. The way in use's first counted call may have been a
+// slow one, and its later calls bring its cost down (the same 64 MiB all_gather: streaming's second
+// call at 39 ms, its next ones at 17-24, so normal stores timed once at 97 ms looked 2.5 times
+// slower, not more than kColdMost, and were tried 8 calls later at 77-79 ms, the p95 in two runs of
+// three, 79.1 and 73.7 ms against Open MPI's 51.6).
+// Tried 8 calls later, as every way timed once was, a W=2 16 MiB all_gather's streaming stores and
+// single copy (timed at its 4th and 7th calls, after normal stores at its 2nd) came back at calls
+// 17-21, at 1.0-3.1x normal stores' time: 4 of chorus-bench's 10 timed calls after its 10 untimed
+// (median 4.96 ms against 3.99 for b609d2a's, which tried its one other way once at the 8th call).
+// Tried 32 calls later, calls 8 to 20 all went normal stores in 6 runs of 8 (in the other two
+// normal stores took 9-12 ms on their first calls and on their trial at calls 17-18, and streaming,
+// at 4-5, was kept). The next trial is set once a trial's own time is in, and again at the call
+// back after it (took()): set from the times before the trial, as it was, the gap followed the cold
+// calls the trial was there to look past (W=2, 1 MiB all_gather: normal stores at 350 us on the
+// second call, 231 on their trial 15 calls later, tried next 68 calls after that, where they took
+// 137 against the single copy's 170-250). Trials at a fixed two calls in 32 (6%) were the slowest
+// 5% of calls wherever the other way was much slower, and made chorus's tail: W=2, 2 threads of
+// matmul between calls (compare.py --load matmul), a 1 MiB broadcast's p95 took 426-433 us against
+// a median of 41-42 (Open MPI's p95: 198-200), and 48-50 us with the way fixed by
+// CHORUS_SHM_STREAM_SLOTS=1. And a way close to the one in use is tried often, so that its kept
+// times are as recent as the way in use's, and it is taken once it is faster by more than
+// kSwitchBelow: at W=2, 64 KiB, which of the single copy below and the slots is faster changes with
+// the state, and so did the way the runs took (their medians 7.8-8.7 us where the single copy was
+// taken, 10.1-11.5 where the slots were; Open MPI 10.5-11.5).
 // But not every 8 calls, as a way timed once may be (kTryLeast): at least kTryClose apart. With
 // three close ways, trials 8 calls apart put half the calls in a trial or in the change of way
 // after one, and those are the slower calls (the 2-core Xeon VM, W=2, 1 MiB all_gather with the
@@ -179,8 +188,8 @@ class WayChoice {
   // Trials of the other ways take about this share of the time of such calls: a way s times
   // slower than the way in use is tried for two calls every 2 (s - 1) / kTryShare calls, at
   // least kTryClose and at most kTryMost apart; a way timed once, again after kTryLeast where it
-  // was timed before the way in use first was, else after kTryClose, and after kTryLoudOnTwo
-  // where it was more than kColdMost times slower than the way in use.
+  // was timed before the way in use first was, else after kTryClose, and as a way loud on two
+  // times where it was more than kColdMost times slower than the way in use.
   static constexpr double kTryShare = 0.02;
   static constexpr uint64_t kTryLeast = 8, kTryClose = 32, kTryMost = 1024;
   // More than warming buffers slowed a way on its first calls (up to 2.3-2.6 times).
@@ -217,11 +226,13 @@ class WayChoice {
   // fastest of a few says what the way costs; 0 when none was timed yet.
   double cost(Way w) const;
   size_t timed(Way w) const;  // how many times of way w are kept (at most kKept)
-  // Sets when way `w` is tried next (Note [Streaming into the slots]), from its times so far.
-  void schedule(Way w);
+  // Sets when way `w` is tried next, `from` call `from` on (Note [Streaming into the slots]), from
+  // its times so far and the way in use's.
+  void schedule(Way w, uint64_t from);
   Kept kept_[kWays];
   double peak_[kWays] = {};           // the slowest call of each way's last trial, or of the call back after it
   uint64_t next_try_[kWays] = {};     // the call that starts the next trial of each way; 0: none set
+  uint64_t scheduled_[kWays] = {};    // the call next_try_ counts from where schedule() set it; 0: set otherwise
   uint64_t first_timed_[kWays] = {};  // the call decided when each way's first time came in; 0: none yet
   uint64_t decided_ = 1;              // the call last decided (the first goes the first allowed way)
   Way use_ = Way::kNormal;            // the way in use
