@@ -117,7 +117,7 @@ void WayChoice::schedule(Way w, uint64_t from) {
   // times close to the way in use's may both have met buffers still warming up or a slow spell,
   // and the calls until the next trial would then go the slower way.
   const bool cold_most = timed(w) < 2 && slower > kColdMost;
-  const bool sure = timed(w) >= kKept || (timed(w) == 2 && slower > kLoud) || cold_most;
+  const bool sure = timed(w) >= kKept || (timed(w) == 2 && slower > kLoud);
   const bool loud = cold_most || (sure && slower > 1 && peak_[int(w)] > kLoud * in_use);
   const uint64_t loud_gap = !loud ? 0 : timed(w) >= kKept ? kTryLoud : kTryLoudOnTwo;
   const double share_gap = std::max(2 * (slower - 1) / kTryShare, double(loud_gap));

@@ -226,8 +226,8 @@ class WayChoice {
   // fastest of a few says what the way costs; 0 when none was timed yet.
   double cost(Way w) const;
   size_t timed(Way w) const;  // how many times of way w are kept (at most kKept)
-  // Sets when way `w` is tried next, `from` call `from` on (Note [Streaming into the slots]), from
-  // its times so far and the way in use's.
+  // Sets when way `w` is tried next, counting from call `from` (Note [Streaming into the slots]),
+  // by its times so far and the way in use's.
   void schedule(Way w, uint64_t from);
   Kept kept_[kWays];
   double peak_[kWays] = {};           // the slowest call of each way's last trial, or of the call back after it
