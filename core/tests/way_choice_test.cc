@@ -2,6 +2,7 @@
 // WayChoice on its own, fed the times a group would give it, call after call.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 #include <vector>
 
@@ -216,6 +217,48 @@ TEST(WayChoice, RankZeroTimesASingleCopyOnItsThirdCallInARow) {
   const auto left = run_choice(slower, all, 100, cost(1.2));
   EXPECT_EQ(not_going(left, Way::kNormal), (std::vector<int>{3, 4, 5, 6, 7, 41, 42, 43, 44, 45}));
   for (int call : {5, 6, 7, 43, 44, 45}) EXPECT_EQ(left[size_t(call - 1)], Way::kSingleCopy) << call;
+}
+
+// Each rank watches its own copies into the slots (Note [Falling back within a call]): normal
+// stores more than kFallBack times slower than its fastest streamed copy of such calls, kSlowInRow
+// copies in a row past the call's first kUnwatched, make the rest of the call's stores streaming
+// ones. A pace of almost nothing makes every normal copy slow; one of a second per byte, none.
+TEST(SlotStores, ARankStreamsTheRestOfACallWhereItsNormalStoresSlowed) {
+  using shm::Way;
+  constexpr size_t n = shm::SlotStores::kWatchBytes;
+  std::vector<uint8_t> src(n), slot(n);
+  for (size_t i = 0; i < n; ++i) src[i] = uint8_t(i * 7 + 1);
+  auto call = [&](Way way, double* pace, size_t bytes, int copies) {
+    shm::SlotStores s;
+    s.way = way;
+    s.large = true;
+    s.stream_pace = pace;
+    std::vector<bool> streamed;
+    for (int k = 0; k < copies; ++k) {
+      std::fill(slot.begin(), slot.end(), uint8_t(0));
+      s.copy_in(slot.data(), src.data(), bytes);
+      EXPECT_TRUE(std::equal(src.begin(), src.begin() + std::ptrdiff_t(bytes), slot.begin())) << k;
+      streamed.push_back(s.stream());
+    }
+    return streamed;
+  };
+  double fast = 1e-12;
+  const int judged = shm::SlotStores::kUnwatched + shm::SlotStores::kSlowInRow;
+  auto fell = call(Way::kNormal, &fast, n, judged + 2);
+  EXPECT_EQ(std::count(fell.begin(), fell.end(), false), judged - 1);
+  EXPECT_TRUE(fell.back());
+  EXPECT_EQ(fast, 1e-12);  // a streamed copy slower than the pace leaves it
+  // Not where its copies are quick, nor where they are small, nor unwatched, nor before any copy
+  // of these calls was streamed: their pace is not known yet.
+  double slow = 2.6e9;
+  for (bool s : call(Way::kNormal, &slow, n, 8)) EXPECT_FALSE(s);
+  for (bool s : call(Way::kNormal, &fast, n - 64, 8)) EXPECT_FALSE(s);
+  for (bool s : call(Way::kNormal, nullptr, n, 8)) EXPECT_FALSE(s);
+  double unknown = 0;
+  for (bool s : call(Way::kNormal, &unknown, n, 8)) EXPECT_FALSE(s);
+  // A streamed call sets the pace.
+  for (bool s : call(Way::kStream, &unknown, n, 2)) EXPECT_TRUE(s);
+  EXPECT_GT(unknown, 0);
 }
 
 }  // namespace

@@ -162,7 +162,7 @@ void all_reduce_ring(ShmGroup& g, const Call& c, bool streams) {
         g.wait_rank(prev, n - 1);
       }
       if (s == 0) {
-        copy_out(g.write_slot(), in + b * es, (e - b) * es, stores.stream());
+        stores.copy_in(g.write_slot(), in + b * es, (e - b) * es);
       } else {
         srcs[0] = g.read_slot(next);
         srcs[1] = in + b * es;
@@ -202,7 +202,7 @@ void all_reduce(ShmGroup& g, const Call& c) {
     if (tiny)
       copy_bytes(g.my_inline(), in, bytes);
     else
-      copy_out(g.write_slot(), in, bytes, stores.stream());
+      stores.copy_in(g.write_slot(), in, bytes);
     if (!gets_result) return g.post_last();  // Note [Owed waits]
     g.sync();
     g.learn_slot_stores(stores);
@@ -231,7 +231,7 @@ void all_reduce(ShmGroup& g, const Call& c) {
       for (int q = 0; q < world; ++q) {
         if (q == me) continue;
         const size_t b = parts.begin(k, q), e = parts.begin(k, q + 1);
-        copy_out(slot + (b - k * per_round) * es, in + b * es, (e - b) * es, stores.stream());
+        stores.copy_in(slot + (b - k * per_round) * es, in + b * es, (e - b) * es);
       }
     }
     if (k == rounds && !gets_result) return g.post_last();  // Note [Owed waits]

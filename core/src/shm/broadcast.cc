@@ -102,7 +102,7 @@ void broadcast_through_ring(ShmGroup& g, const Call& c, uint8_t* buf, size_t byt
   const size_t first = g.write_slot_index(c.root);   // the only slot free before the first sync
   if (outgrows) g.reserve_stage();                   // Note [Past the slots into the staging area]
   SlotStores stores = g.slot_stores(c.kind, bytes);  // Note [Streaming into the slots]
-  if (root) copy_out(g.slot_at(first), buf, in_round(bytes, chunk, 0), stores.stream());
+  if (root) stores.copy_in(g.slot_at(first), buf, in_round(bytes, chunk, 0));
   g.sync();  // phase base + 1: everyone is in the call; chunk 0 is in
   g.learn_slot_stores(stores);
   // Places [0, ring) are the ring's slots from `first` on, [ring, places) the staging area's
@@ -135,7 +135,7 @@ void broadcast_through_ring(ShmGroup& g, const Call& c, uint8_t* buf, size_t byt
         next_staged = next_staged + 1 == places ? ring : next_staged + 1;
       held[j] = int64_t(k);
       if (staged) table[k % kPlaceEntries].store(uint32_t(j), std::memory_order_relaxed);
-      copy_out(place(j), buf + k * chunk, in_round(bytes, chunk, k), stores.stream());
+      stores.copy_in(place(j), buf + k * chunk, in_round(bytes, chunk, k));
       g.post();  // phase base + 1 + k: chunk k is in
     }
     g.post_last();  // phase base + 1 + rounds, owed: every reader is done with the slots
@@ -175,7 +175,7 @@ void broadcast(ShmGroup& g, const Call& c) {
   SlotStores stores = g.slot_stores(c.kind, bytes);  // Note [Streaming into the slots]
   for (size_t k = 0; k < rounds; ++k) {
     const size_t n = in_round(bytes, chunk, k);
-    if (root) copy_out(g.write_slot(), buf + k * chunk, n, stores.stream());
+    if (root) stores.copy_in(g.write_slot(), buf + k * chunk, n);
     if (root && k + 1 == rounds) {
       g.post_last();  // Note [Owed waits]
       return g.slot_stores_done(stores, bytes);

@@ -111,7 +111,7 @@ void gather(ShmGroup& g, const Call& c) {
   for (size_t k = 0; k < rounds; ++k) {
     const size_t n = in_round(mine, chunk, k);
     uint8_t* slot = g.write_slot();
-    copy_out(slot, in + k * chunk * es, n * es, stores.stream());
+    stores.copy_in(slot, in + k * chunk * es, n * es);
     if (!gets && k + 1 == rounds) return g.post_last();  // Note [Owed waits]
     g.post();
     // The own block goes out while the peers still fill their slots: from the slot while it is in

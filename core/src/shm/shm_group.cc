@@ -106,6 +106,7 @@ SlotStores ShmGroup::slot_stores(OpKind kind, size_t bytes, bool may_read_peers)
   else if (s.way == Way::kSingleCopy && !reads)
     s.way = Way::kNormal;  // single copies were stopped, on every rank at the same call
   if (rank_ == 0 && !(allowed & way_bit(s.way))) s.way = Way(__builtin_ctz(allowed));  // rank 0's setting of the stores
+  if (!stream_slots_) s.stream_pace = &stream_pace_[s.choice];  // Note [Falling back within a call]
   if (rank_ != 0) return s;
   const Way next = way_choice_[s.choice].choose(allowed);
   planned_[s.choice] = next;
@@ -124,7 +125,7 @@ void ShmGroup::learn_slot_stores(const SlotStores& s) {
 
 void ShmGroup::slot_stores_done(const SlotStores& s, size_t bytes) {
   if (!s.large || s.started == 0) return;  // untimed: not rank 0, or not measuring
-  way_choice_[s.choice].took(s.way, double(ticks() - s.started) / double(bytes));
+  way_choice_[s.choice].took(s.way, (double(ticks() - s.started) + s.owed) / double(bytes));
 }
 
 void ShmGroup::post() {

@@ -206,6 +206,7 @@ class ShmGroup {
   std::optional<bool> stream_slots_;            // the setting: always / never; nullopt: choose
   std::array<WayChoice, kChoices> way_choice_;  // rank 0's, by choice_index()
   std::array<Way, kChoices> planned_{};         // the way of the next call, by choice_index()
+  std::array<double, kChoices> stream_pace_{};  // SlotStores::stream_pace, by choice_index()
   Clock::time_point started_, deadline_;
 };
 

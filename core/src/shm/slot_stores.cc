@@ -128,4 +128,23 @@ void WayChoice::schedule(Way w, uint64_t from) {
   scheduled_[int(w)] = from;
 }
 
+void SlotStores::copy_in(void* slot, const void* src, size_t n) {
+  if (stream_pace == nullptr || n < kWatchBytes) return copy_out(slot, src, n, stream());
+  const bool streams = stream();
+  const uint64_t t0 = ticks();
+  copy_out(slot, src, n, streams);
+  const double pace = double(ticks() - t0) / double(n);
+  double& fastest = *stream_pace;
+  if (fell_back) owed += std::max(0.0, slow_pace - pace) * double(n);
+  if (streams) {
+    fastest = fastest == 0 ? pace : std::min(fastest, pace);
+    return;
+  }
+  if (++copies <= kUnwatched) return;
+  const bool slow = fastest > 0 && pace > kFallBack * fastest;
+  slow_run = slow ? slow_run + 1 : 0;
+  slow_pace = !slow ? 0 : slow_run == 1 ? pace : std::min(slow_pace, pace);
+  fell_back = slow_run >= kSlowInRow;
+}
+
 }  // namespace chorus::shm

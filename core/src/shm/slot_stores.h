@@ -271,13 +271,45 @@ inline size_t choice_index(OpKind kind, size_t bytes) {
   return size_t(kind) * kSizeClasses + c;
 }
 
+// Note [Falling back within a call]: rank 0 sees a change of the machine's state only in the
+// times of whole calls, kKept of them, and the call after them was already decided: four calls of
+// the way that became slow. Where a call is long that is what sets a tail: W=2, 64 MiB all_gather
+// beside a CPU-bound process, normal stores at 27-37 ms a call until, mid-run, four took 80-101
+// ms before streaming ones took over at 18-31; two slow calls of chorus-bench's 40 timed make its
+// p95 (82.7 ms against Open MPI's 50.6). Each rank sees the change sooner, in its own copies into
+// its slot: in the same VM's fast state a 512 KiB chunk stored normally took 32-41 us (median of
+// a call's chunks; 55-62 at their 90th percentile), streamed 41-53; after the change 178-210
+// normally, 27-30 streamed. So every rank times its copies into the slots of at least
+// kWatchBytes (copy_in()) and keeps, for each kind and size class of call, the fastest it
+// streamed per byte (its pace); a copy of normal stores slower than kFallBack times that pace,
+// kSlowInRow times in a row, makes the rest of the call's stores on that rank streaming ones. Not
+// judged: a call's first kUnwatched copies, slower in every state (up to 87 us in the fast one).
+// The ways of storing need no agreement (Note [Streaming into the slots]), so each rank falls
+// back alone. Rank 0 counts such a call as normal stores that took as long as the call plus what
+// its copies after falling back would have taken more at the pace of the slow ones (owed), so
+// that its choice still turns to streaming within kKept calls, now cheap ones, and back once a
+// trial of normal stores is fast again.
 // The way of one staged call (ShmGroup::slot_stores).
 struct SlotStores {
   Way way = Way::kNormal;
-  bool stream() const { return way == Way::kStream; }  // this rank's stores into its slot stream
-  bool large = false;                                  // the call is large enough to choose
-  size_t choice = 0;                                   // choice_index() of the call
+  bool stream() const { return way == Way::kStream || fell_back; }  // this rank's stores into its slot stream
+  bool large = false;                                               // the call is large enough to choose
+  size_t choice = 0;                                                // choice_index() of the call
   uint64_t started = 0;  // rank 0's ticks() when it timed the call, from its first store; 0: untimed
+  // This rank's fastest streamed copy into a slot, in ticks() per byte, of calls of this choice;
+  // null where the call is not watched (Note [Falling back within a call]).
+  double* stream_pace = nullptr;
+  bool fell_back = false;  // this rank streams the rest of the call's stores
+  int copies = 0;          // copies of at least kWatchBytes into the slots so far
+  int slow_run = 0;        // the last normal ones, in a row, slower than kFallBack times the pace
+  double slow_pace = 0;    // ticks per byte of the fastest of them
+  double owed = 0;         // ticks the copies after falling back would have taken more at slow_pace
+
+  static constexpr size_t kWatchBytes = 64u << 10;
+  static constexpr double kFallBack = 4.0;
+  static constexpr int kSlowInRow = 2, kUnwatched = 2;
+  // Copies n bytes of src into a slot (or the staging area) this call's way, watched.
+  void copy_in(void* slot, const void* src, size_t n);
 };
 
 }  // namespace chorus::shm
