@@ -33,7 +33,8 @@
 // before: it finds the slots as the other way left them, and is faster for it (W=2, 1 MiB
 // all_gather, 0.15 us state: 98-115 us on the first call after a change, 128-144 on the next
 // ones; counted, such calls made the choice swing between the two ways). A change of state is
-// noticed within kKept calls if it slows the way in use; to notice one that speeds up another
+// noticed within kKept calls if it slows the way in use (and by each rank within a call where it
+// slows normal stores, Note [Falling back within a call]); to notice one that speeds up another
 // way, each other way is tried for two calls now and then, the more rarely the slower it was, so
 // that trials cost about kTryShare of the time (schedule(): a way 50% slower is tried every 50
 // calls, twice as slow every 100, ten times every 900), but a way timed only once is tried again
