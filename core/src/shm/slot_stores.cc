@@ -135,7 +135,7 @@ void SlotStores::copy_in(void* slot, const void* src, size_t n) {
   copy_out(slot, src, n, streams);
   const double pace = double(ticks() - t0) / double(n);
   double& fastest = *stream_pace;
-  if (fell_back) owed += std::max(0.0, slow_pace - pace) * double(n);
+  if (fell_back()) owed += std::max(0.0, slow_pace - pace) * double(n);
   if (streams) {
     fastest = fastest == 0 ? pace : std::min(fastest, pace);
     return;
@@ -144,7 +144,6 @@ void SlotStores::copy_in(void* slot, const void* src, size_t n) {
   const bool slow = fastest > 0 && pace > kFallBack * fastest;
   slow_run = slow ? slow_run + 1 : 0;
   slow_pace = !slow ? 0 : slow_run == 1 ? pace : std::min(slow_pace, pace);
-  fell_back = slow_run >= kSlowInRow;
 }
 
 }  // namespace chorus::shm

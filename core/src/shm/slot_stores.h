@@ -293,22 +293,23 @@ inline size_t choice_index(OpKind kind, size_t bytes) {
 // The way of one staged call (ShmGroup::slot_stores).
 struct SlotStores {
   Way way = Way::kNormal;
-  bool stream() const { return way == Way::kStream || fell_back; }  // this rank's stores into its slot stream
-  bool large = false;                                               // the call is large enough to choose
-  size_t choice = 0;                                                // choice_index() of the call
+  bool stream() const { return way == Way::kStream || fell_back(); }  // this rank's stores into its slot stream
+  bool large = false;                                                 // the call is large enough to choose
+  size_t choice = 0;                                                  // choice_index() of the call
   uint64_t started = 0;  // rank 0's ticks() when it timed the call, from its first store; 0: untimed
   // This rank's fastest streamed copy into a slot, in ticks() per byte, of calls of this choice;
   // null where the call is not watched (Note [Falling back within a call]).
   double* stream_pace = nullptr;
-  bool fell_back = false;  // this rank streams the rest of the call's stores
-  int copies = 0;          // copies of at least kWatchBytes into the slots so far
-  int slow_run = 0;        // the last normal ones, in a row, slower than kFallBack times the pace
-  double slow_pace = 0;    // ticks per byte of the fastest of them
-  double owed = 0;         // ticks the copies after falling back would have taken more at slow_pace
+  int copies = 0;        // copies of normal stores of at least kWatchBytes into the slots so far
+  int slow_run = 0;      // the last of them, in a row, slower than kFallBack times the pace
+  double slow_pace = 0;  // ticks per byte of the fastest of them
+  double owed = 0;       // ticks the copies after falling back would have taken more at slow_pace
 
   static constexpr size_t kWatchBytes = 64u << 10;
   static constexpr double kFallBack = 4.0;
   static constexpr int kSlowInRow = 2, kUnwatched = 2;
+  // This rank streams the rest of the call's stores: once it does, its copies no longer count.
+  bool fell_back() const { return slow_run >= kSlowInRow; }
   // Copies n bytes of src into a slot (or the staging area) this call's way, watched.
   void copy_in(void* slot, const void* src, size_t n);
 };
