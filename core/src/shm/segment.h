@@ -61,6 +61,21 @@ int create_shm_object(const std::string& who, const std::string& name, size_t by
 // 0.22 -> 0.40 / 0.17 us, 8-byte all_reduce 0.65 / 0.29 -> 0.47 / 0.25, 8-byte all_gather 0.62 /
 // 0.27 -> 0.43 / 0.23 (Open MPI in the slow state: 0.52, 0.69, 0.62).
 //
+// Note [The CPU in a line of its own]: a waiting peer reads RankControl::cpu at every wait that does
+// not end at once, to decide whether to spin, and on this VM that read takes the line from its
+// writer (above). Beside seq and waiters, it took the line this rank reads `waiters` from at its
+// next post: a broadcast root, which returns once it has posted, waited there one round trip
+// across the dies for its line to come back, where Open MPI's root only writes its reader's box.
+// A rank writes cpu only when it moved, so in a line of its own the line stays in its readers'
+// caches, and the control line in its writer's. chorus-bench at W=2 beside a CPU-bound process,
+// alternating runs (16-20 of each), medians of their median / p95 in us, before and after:
+// 8-byte broadcast 0.06 / 0.18 -> 0.06 / 0.08 in the slow state, 0.065 / 0.08 -> 0.06 / 0.07 in
+// the fast one (Open MPI 0.07-0.18 / 0.17-0.28 and 0.07 / 0.09). The ranks that wait now poll
+// their peers a round trip sooner, and the p95s of calls in which every rank waits grew a little:
+// barrier 0.32 / 0.39 -> 0.31 / 0.43 slow, 0.11 / 0.15 -> 0.11 / 0.17 fast, 8-byte all_reduce
+// 0.36 / 0.45 -> 0.34 / 0.47 and 0.14 / 0.16 -> 0.14 / 0.20 (Open MPI 0.41-0.46 / 0.60-0.65 and
+// 0.18 / 0.24; 0.44-0.55 / 0.68-0.88 and 0.21 / 0.27).
+//
 // Note [Aborted in the call line]: a rank that aborts also sets kLineAborted in both of its call
 // lines. A peer that reaches a call late, after the others posted it and gave up on it, finds
 // every phase it waits for already posted and never looks at their state; it reads the flag in
@@ -87,7 +102,6 @@ struct alignas(kLine) RankControl {
   std::atomic<uint32_t> seq;      // last phase this rank posted; peers futex-wait on it
   std::atomic<uint32_t> waiters;  // peers sleeping on seq; the poster wakes them when non-zero
   std::atomic<int32_t> pid;
-  std::atomic<int32_t> cpu;     // the CPU this rank last posted from (Note [Waiting with more ranks than cores])
   std::atomic<uint32_t> state;  // RankState
   std::atomic<uint32_t> abort_kind;
   std::atomic<int32_t> abort_rank;  // the failed or missing rank the abort names
@@ -96,7 +110,10 @@ struct alignas(kLine) RankControl {
   // peer reads through this rank's pid to prove it may read this rank's memory.
   std::atomic<uint64_t> mapped_at;
   std::atomic<uint64_t> probe_word;
-  CallLine calls[2];                 // by call parity
+  CallLine calls[2];  // by call parity
+  // The CPU this rank last posted from (Note [Waiting with more ranks than cores]), in a line of its
+  // own (Note [The CPU in a line of its own]).
+  alignas(kLine) std::atomic<int32_t> cpu;
   char invalid_text[2][kTextBytes];  // by call parity: why this rank rejected its arguments
   char abort_text[kAbortTextBytes];
   // Followed by uint64_t counts[2][2 * W] (by call parity); see Layout::counts.

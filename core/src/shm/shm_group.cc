@@ -132,12 +132,12 @@ void ShmGroup::post() {
   RankControl& me = seg_.ctrl(rank_);
   const uint32_t target = ++phase_;
   me.calls[call_ & 1].phase.store(target, std::memory_order_release);  // Note [One line per call]
-  // Note [Publish the phase first]: a waiting peer reads this rank's control line (cpu, to decide
-  // whether to spin), so a store to that line must first take the line back from the peer, and
-  // x86 makes stores visible in program order. A cpu store ahead of the phase store delayed every
-  // release of a waiting peer by that extra line transfer (W=2 here: barrier 0.42 -> 0.33 us,
-  // 8-byte all_reduce 0.42 -> 0.35 once moved). So the phase goes first, cpu is written only when
-  // it changed, and seq (the futex word, in the control line) last.
+  // Note [Publish the phase first]: a waiting peer reads this rank's cpu (to decide whether to
+  // spin), so a store to it must first take its line back from the peer, and x86 makes stores
+  // visible in program order. A cpu store ahead of the phase store delayed every release of a
+  // waiting peer by that extra line transfer (W=2 here: barrier 0.42 -> 0.33 us, 8-byte all_reduce
+  // 0.42 -> 0.35 once moved). So the phase goes first, cpu is written only when it changed, and
+  // seq (the futex word, in the control line, which sleepers read) last.
   const int32_t cpu = sched_getcpu();
   if (cpu_ != cpu) me.cpu.store(cpu_ = cpu, std::memory_order_relaxed);
   shm::post(me.seq, me.waiters, target, light_posts_);
@@ -161,7 +161,7 @@ void ShmGroup::wait_rank(int r, uint32_t target) { wait_for(target, r); }
 
 void ShmGroup::wait_for(uint32_t target, int only) {
   const size_t line = call_ & 1;
-  // Crowded, the answer is the same for every peer and reads every peer's control line: once per
+  // Crowded, the answer is the same for every peer and reads every peer's cpu: once per
   // wait, at its first peer not yet there (Note [A rank alone beside busy cores]).
   int alone = -1;
   auto spin = [&](int p) {
