@@ -61,10 +61,10 @@ int create_shm_object(const std::string& who, const std::string& name, size_t by
 // 0.22 -> 0.40 / 0.17 us, 8-byte all_reduce 0.65 / 0.29 -> 0.47 / 0.25, 8-byte all_gather 0.62 /
 // 0.27 -> 0.43 / 0.23 (Open MPI in the slow state: 0.52, 0.69, 0.62).
 //
-// Note [The CPU in a line of its own]: a waiting peer reads RankControl::cpu at every wait that does
-// not end at once, to decide whether to spin, and on this VM that read takes the line from its
-// writer (above). Beside seq and waiters, it took the line this rank reads `waiters` from at its
-// next post: a broadcast root, which returns once it has posted, waited there one round trip
+// Note [The CPU in a line of its own]: a waiting peer reads RankControl::cpu at every wait that
+// does not end at once, to decide whether to spin, and on this VM that read takes the line from
+// its writer (above). In the line of seq and waiters, that read took away the line a post reads
+// `waiters` from: a broadcast root, which returns once it has posted, waited there one round trip
 // across the dies for its line to come back, where Open MPI's root only writes its reader's box.
 // A rank writes cpu only when it moved, so in a line of its own the line stays in its readers'
 // caches, and the control line in its writer's. chorus-bench at W=2 beside a CPU-bound process,
@@ -111,8 +111,8 @@ struct alignas(kLine) RankControl {
   std::atomic<uint64_t> mapped_at;
   std::atomic<uint64_t> probe_word;
   CallLine calls[2];  // by call parity
-  // The CPU this rank last posted from (Note [Waiting with more ranks than cores]), in a line of its
-  // own (Note [The CPU in a line of its own]).
+  // The CPU this rank last posted from (Note [Waiting with more ranks than cores]), in a line of
+  // its own (Note [The CPU in a line of its own]).
   alignas(kLine) std::atomic<int32_t> cpu;
   char invalid_text[2][kTextBytes];  // by call parity: why this rank rejected its arguments
   char abort_text[kAbortTextBytes];
