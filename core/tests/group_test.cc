@@ -138,10 +138,11 @@ TEST(ShmGroups, RanksWithDifferentStreamSettingsUseRankZeros) {
       }));
 }
 
-// Note [Single-copy collectives]: middle-sized all_gathers read the peers' inputs directly when
-// every rank allows it (each rank's own setting; rank 0's "yes" makes every such call read, its
-// silence makes it time them against the slots, call after call), and go through the slots, on
-// every rank alike, as soon as one does not. Every way gives the same blocks, call after call.
+// Note [Single-copy collectives]: middle-sized all_gathers write into the peers' outputs directly
+// when every rank allows it (each rank's own setting; rank 0's "yes" makes every such call write,
+// its silence makes it time them against the slots, call after call), and go through the slots,
+// on every rank alike, as soon as one does not. Every way gives the same blocks, call after call,
+// into one output or a buffer a block.
 TEST(ShmGroups, SingleCopyAllGathersAreRightWhateverEachRankAllows) {
   using Said = std::optional<bool>;
   const std::pair<Said, Said> settings[] = {
@@ -175,6 +176,12 @@ TEST(ShmGroups, SingleCopyAllGathersAreRightWhateverEachRankAllows) {
           RANK_CHECK(v[count - 1] == value(0, count - 1, round) && v[count] == value(1, 0, round) &&
                          v.back() == value(1, count / 3 - 1, round),
                      "all_gather_v of ", count);
+          std::vector<std::vector<float>> blocks(2, std::vector<float>(count, -1.0f));  // a buffer a block
+          comm->all_gather_to(in.data(), {blocks[0].data(), blocks[1].data()}, count, DataType::Float32);
+          for (int r = 0; r < 2; ++r)
+            RANK_CHECK(blocks[size_t(r)][0] == value(r, 0, round) &&
+                           blocks[size_t(r)][count - 1] == value(r, count - 1, round),
+                       "all_gather_to of ", count, ", block ", r);
         }
     }));
   }
@@ -208,6 +215,16 @@ TEST(ShmGroups, ReadingAPeerFailsCleanlyWhereTheKernelSaysNo) {
   EXPECT_EQ(got, word);
   EXPECT_FALSE(shm::read_peer(getpid(), nullptr, &got, sizeof got));  // not mapped
   EXPECT_FALSE(shm::read_peer(-1, &word, &got, sizeof got));          // no such process
+}
+
+TEST(ShmGroups, WritingIntoAPeerFailsCleanlyWhereTheKernelSaysNo) {
+  const uint64_t word = 0x1234567890abcdefull;
+  uint64_t put = 0;
+  EXPECT_TRUE(shm::write_peer(getpid(), &put, &word, sizeof word));
+  EXPECT_EQ(put, word);
+  EXPECT_FALSE(shm::write_peer(getpid(), nullptr, &word, sizeof word));          // not mapped
+  EXPECT_FALSE(shm::write_peer(getpid(), const_cast<char*>("text"), &word, 4));  // read-only
+  EXPECT_FALSE(shm::write_peer(-1, &put, &word, sizeof word));                   // no such process
 }
 
 // Note [Ranks sharing the cores]: a group counts its ranks on this machine's kernel, and a wait

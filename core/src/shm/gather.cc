@@ -1,12 +1,12 @@
-// All-gather and gather, even or uneven (the V forms): every rank streams its contribution
-// through its slot one chunk per phase, and every receiving rank copies each peer's chunk to
-// that peer's place in the output. Contributions that fit in kInlineBytes ride in the call
-// line. A rank's own contribution is copied locally (nothing to do when gathered in place). The
-// blocks land in one output, or each in a buffer of its own (all_gather_to), at the same cost.
-// Between symmetric buffers each rank writes its block into every output itself (Note [Direct
-// all_gather]); in the sizes where it is faster, each rank reads its peers' inputs itself (Note
-// [Single-copy collectives]). Contributions of 16 KiB and more may be streamed into the slots
-// (Note [Streaming into the slots]).
+// All-gather and gather, even or uneven (the V forms): every rank streams its contribution through
+// its slot one chunk per phase, and every receiving rank copies each peer's chunk to that peer's
+// place in the output. Contributions that fit in kInlineBytes ride in the call line. A rank's own
+// contribution is copied locally (nothing to do when gathered in place). The blocks land in one
+// output, or each in a buffer of its own (all_gather_to), at the same cost. Between symmetric
+// buffers each rank writes its block into every output itself (Note [Direct all_gather]); on
+// ordinary buffers, in the sizes where it is faster, each rank writes its block into its peers'
+// outputs through the kernel (Note [Single-copy collectives]). Contributions of 16 KiB and more may
+// be streamed into the slots (Note [Streaming into the slots]).
 #include <numeric>
 
 #include "shm/algorithms.h"
@@ -18,6 +18,9 @@ namespace chorus::shm {
 namespace {
 // The direct path copies this much of the input at a time to every output, so it is read once.
 constexpr size_t kDirectPieceBytes = 64 * 1024;
+// A single-copy all_gather writes its block to its peers this much at a time (Note [Single-copy
+// collectives]).
+constexpr size_t kPushPieceBytes = 256 * 1024;
 
 // Note [Direct all_gather] (Note [Direct collectives]): when every rank's output lies in
 // symmetric memory, each rank writes its own block into every rank's output itself, starting
@@ -43,24 +46,31 @@ bool all_gather_direct(ShmGroup& g, const Call& c, const std::vector<size_t>& di
   return true;
 }
 
-// Note [Single-copy collectives]: each rank reads every peer's block from the peer's input,
-// starting with the next rank's, so the ranks spread over their peers. False (after the phases)
-// sends every rank down the staged path.
+// Note [Single-copy collectives]: each rank writes its block into every peer's output, starting
+// with the next rank's, so the ranks spread over their peers. It copies its block into its own
+// output a piece at a time and writes the same piece to its peers while the piece is in its cache,
+// so the input is read from memory once. False (after the phases) sends every rank down the
+// staged path.
 template <class Block>
 bool all_gather_single_copy(ShmGroup& g, const Call& c, const std::vector<size_t>& displ, Block&& block,
                             const SlotStores& way) {
   const int world = g.world(), me = g.rank();
   const size_t es = element_size(c.dtype);
-  PeerSources from;
-  const bool everyone = from.exchange(g, c.in);
+  std::vector<uint8_t*> places(size_t(world), nullptr);
+  for (int q = 0; q < world; ++q) places[size_t(q)] = block(q);
+  PeerTargets to;
+  const bool everyone = to.exchange(g, places);
   g.learn_slot_stores(way);
   if (!everyone) return false;
-  move_bytes(block(me), c.in, (displ[size_t(me) + 1] - displ[size_t(me)]) * es);
-  for (int k = 1; k < world; ++k) {
-    const int p = (me + k) % world;
-    from.read(p, block(p), (displ[size_t(p) + 1] - displ[size_t(p)]) * es);
+  const auto* in = static_cast<const uint8_t*>(c.in);
+  uint8_t* own = block(me);
+  const size_t mine = (displ[size_t(me) + 1] - displ[size_t(me)]) * es;
+  for (size_t x = 0; x < mine; x += kPushPieceBytes) {
+    const size_t n = std::min(kPushPieceBytes, mine - x);
+    move_bytes(own + x, in + x, n);
+    for (int k = 1; k < world; ++k) to.write((me + k) % world, x, in + x, n);
   }
-  return from.finish();
+  return to.finish();
 }
 }  // namespace
 

@@ -9,19 +9,30 @@
 
 namespace chorus::shm {
 
-bool read_peer(int pid, const void* remote, void* local, size_t n) {
-  auto* to = static_cast<uint8_t*>(local);
-  auto from = reinterpret_cast<uintptr_t>(remote);
+namespace {
+// Moves n bytes between `local` and `remote` in process `pid` with process_vm_readv or
+// process_vm_writev (`move`), in as many calls as the kernel takes.
+bool move_peer(decltype(&process_vm_readv) move, int pid, void* local, uintptr_t remote, size_t n) {
+  auto* at = static_cast<uint8_t*>(local);
   while (n > 0) {
-    iovec mine{to, n}, theirs{reinterpret_cast<void*>(from), n};
-    const ssize_t got = process_vm_readv(pid, &mine, 1, &theirs, 1, 0);
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) return false;
-    to += got;
-    from += size_t(got);
-    n -= size_t(got);
+    iovec mine{at, n}, theirs{reinterpret_cast<void*>(remote), n};
+    const ssize_t moved = move(pid, &mine, 1, &theirs, 1, 0);
+    if (moved < 0 && errno == EINTR) continue;
+    if (moved <= 0) return false;
+    at += moved;
+    remote += size_t(moved);
+    n -= size_t(moved);
   }
   return true;
+}
+}  // namespace
+
+bool read_peer(int pid, const void* remote, void* local, size_t n) {
+  return move_peer(process_vm_readv, pid, local, reinterpret_cast<uintptr_t>(remote), n);
+}
+
+bool write_peer(int pid, void* remote, const void* local, size_t n) {
+  return move_peer(process_vm_writev, pid, const_cast<void*>(local), reinterpret_cast<uintptr_t>(remote), n);
 }
 
 SingleCopyWindow single_copy_window(OpKind kind, int world, int cores) {
@@ -41,31 +52,36 @@ SingleCopyWindow single_copy_window(OpKind kind, int world, int cores) {
   return {};
 }
 
-bool PeerSources::exchange(ShmGroup& g, const void* mine) {
+bool PeerTargets::exchange(ShmGroup& g, const std::vector<uint8_t*>& places) {
   g_ = &g;
-  static_assert(sizeof(Published) <= 64, "fits the smallest slot");
-  *reinterpret_cast<Published*>(g.write_slot()) = {reinterpret_cast<uint64_t>(mine), g.reads_peers(), 1};
+  const size_t world = size_t(g.world());
+  // A slot holds at least a line per rank (Layout), more than the header and world addresses.
+  auto* mine = reinterpret_cast<Published*>(g.write_slot());
+  *mine = {g.reads_peers(), 1};
+  auto* my_places = reinterpret_cast<uint64_t*>(mine + 1);
+  for (size_t q = 0; q < world; ++q) my_places[q] = reinterpret_cast<uint64_t>(places[q]);
   g.sync();
-  peers_.resize(size_t(g.world()));
+  targets_.resize(world);
   bool everyone = true;
-  for (int p = 0; p < g.world(); ++p) {
-    std::memcpy(&peers_[size_t(p)], g.read_slot(p), sizeof(Published));
-    everyone = everyone && peers_[size_t(p)].can_read;
+  for (size_t p = 0; p < world; ++p) {
+    const auto* theirs = reinterpret_cast<const Published*>(g.read_slot(int(p)));
+    everyone = everyone && theirs->can_write;
+    targets_[p] = reinterpret_cast<const uint64_t*>(theirs + 1)[g.rank()];
   }
   if (!everyone) g.stop_single_copy();
   return everyone;
 }
 
-void PeerSources::read(int p, void* dst, size_t n) {
+void PeerTargets::write(int p, size_t offset, const void* src, size_t n) {
   if (n == 0 || !ok_) return;  // after a failure the call runs again through the slots
-  ok_ = read_peer(g_->pid_of(p), reinterpret_cast<const void*>(peers_[size_t(p)].address), dst, n);
+  ok_ = write_peer(g_->pid_of(p), reinterpret_cast<void*>(targets_[size_t(p)] + offset), src, n);
 }
 
-bool PeerSources::finish() {
-  reinterpret_cast<Published*>(g_->write_slot())->reads_ok = ok_;
+bool PeerTargets::finish() {
+  reinterpret_cast<Published*>(g_->write_slot())->writes_ok = ok_;
   g_->sync();
   for (int p = 0; p < g_->world(); ++p)
-    if (!reinterpret_cast<const Published*>(g_->read_slot(p))->reads_ok) {
+    if (!reinterpret_cast<const Published*>(g_->read_slot(p))->writes_ok) {
       g_->stop_single_copy();
       return false;
     }

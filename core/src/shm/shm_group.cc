@@ -94,7 +94,7 @@ SlotStores ShmGroup::slot_stores(OpKind kind, size_t bytes, bool may_read_peers)
   s.large = world_ > 1 && bytes >= WayChoice::kMinBytes;
   if (!s.large) return s;
   s.choice = choice_index(kind, bytes);
-  // Whether this call may read its peers is the same on every rank, and so is its way then.
+  // Whether this call may reach its peers' buffers is the same on every rank, and so is its way.
   const bool reads = may_read_peers && single_copy(kind, bytes);
   unsigned allowed = way_bit(Way::kSingleCopy);
   if (!reads || single_copy_timed_)

@@ -143,7 +143,7 @@ class ShmGroup {
   }
 
   // Single copies (Note [Single-copy collectives]). Whether a call of `kind` moving `bytes` per
-  // rank may read its peers; the same answer on every rank.
+  // rank may write into its peers' buffers; the same answer on every rank.
   bool single_copy(OpKind kind, size_t bytes) {
     return single_copy_on_ && single_copy_window(kind, world_, int(seg_.header().cores)).contains(bytes);
   }

@@ -129,17 +129,17 @@
 // runs of 100 calls: states.py, 10 rounds, 80 us in 7 against Open MPI's 79, where a way within
 // kLoud is tried again 32 calls later.
 //
-// An all_gather has a third way (Note [Single-copy collectives]): each rank reads its peers'
-// inputs through the kernel, one copy instead of two, and no line a peer holds is written. It won
-// in the 0.15 us state (W=2, 64 KiB 8.6 against 10.2 us through the slots, 1 MiB 104 against
-// 127) and lost in the 0.52 us one (1 MiB 204 against 109). Every rank must take it, or none:
-// its first phase publishes buffers, not data. So rank 0 chooses one call ahead: at the start of
-// a call it decides the way of the next call of the same kind and size class, and publishes it in
-// its call line (kLineNextWay), which every rank reads after the call's first phase
-// (learn_slot_stores) and follows in that next call. Every rank of an all_gather passes that
-// phase, so they all go the same way. The ways of storing need no agreement: they move the same
-// bytes to the same places, and a rank that leaves a call before its first phase (a broadcast's
-// root, Note [Owed waits]) stores its own way until it learns rank 0's.
+// An all_gather has a third way (Note [Single-copy collectives]): each rank writes its block into
+// its peers' outputs through the kernel, one copy instead of two. Reading the peers' inputs, as it
+// first did, it won in the 0.15 us state (W=2, 64 KiB 8.6 against 10.2 us through the slots, 1 MiB
+// 104 against 127) and lost in the 0.52 us one (1 MiB 204 against 109). Every rank must take it, or
+// none: its first phase publishes buffers, not data. So rank 0 chooses one call ahead: at the start
+// of a call it decides the way of the next call of the same kind and size class, and publishes it
+// in its call line (kLineNextWay), which every rank reads after the call's first phase
+// (learn_slot_stores) and follows in that next call. Every rank of an all_gather passes that phase,
+// so they all go the same way. The ways of storing need no agreement: they move the same bytes to
+// the same places, and a rank that leaves a call before its first phase (a broadcast's root, Note
+// [Owed waits]) stores its own way until it learns rank 0's.
 // A single copy after calls through the slots takes three calls to reach its pace, not two (the
 // Xeon VM, W=2, 16 MiB all_gather, rank 0's times: 1.6x, 1.3x, then 1.0-1.07x its steady time,
 // 8% under the slots'). Timed on its second call it was never taken; trials of it are three

@@ -17,9 +17,10 @@
 //                              waiter's CPU, and when ranks outnumber cores only where no
 //                              rank of the waiter's group last ran on its CPU
 //   CHORUS_SHM_SINGLE_COPY     1: a middle-sized all_gather on shared memory, with a core for
-//                              every rank, reads its peers' inputs directly (process_vm_readv)
-//                              where the kernel allows it; 0: never; unset: where rank 0 timed
-//                              that faster than the slots, lately, on calls of that size
+//                              every rank, writes into its peers' outputs directly
+//                              (process_vm_writev) where the kernel allows it; 0: never;
+//                              unset: where rank 0 timed that faster than the slots, lately,
+//                              on calls of that size
 //   CHORUS_SHM_STAGE_BYTES     shared memory a group may stage a broadcast larger than its
 //                              slots in, so that the root need not wait for its readers
 //                              (default 67108864; 0: none; rank 0's value holds), reserved by

@@ -11,7 +11,7 @@ struct ShmOptions {
   // The size of a slot (up to 4 times it with more ranks than cores); 0: CHORUS_SHM_CHUNK_BYTES or
   // its default.
   size_t chunk_bytes = 0;
-  // Whether shared memory reads this rank's peers' buffers directly (process_vm_readv) in
+  // Whether shared memory writes into this rank's peers' buffers directly (process_vm_writev) in
   // middle-sized all_gathers; nullopt: CHORUS_SHM_SINGLE_COPY, and if that is unset, where rank 0
   // timed that faster than the slots, lately. A "no" on any rank holds for the whole group; rank
   // 0's "yes" or "no" decides whether the group tries at all.
