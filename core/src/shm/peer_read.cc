@@ -3,7 +3,6 @@
 #include <sys/uio.h>
 
 #include <cerrno>
-#include <cstring>
 
 #include "shm/shm_group.h"
 
@@ -36,17 +35,19 @@ bool write_peer(int pid, void* remote, const void* local, size_t n) {
 }
 
 SingleCopyWindow single_copy_window(OpKind kind, int world, int cores) {
-  // Measured at W=2 on the 2-core Xeon VM (2 MiB of L2 each), each call's data written just before it, as
-  // training writes its tensors, single copy against the slots (bench/compare.py's sizes, median
-  // us): all_gather 512 KiB 68 vs 88, 1 MiB 165 vs 215, 2 MiB 370 vs 455, 4 MiB 1150 vs 930
-  // (pinning each page, no pipelining) and 128-256 KiB even; on the Zen 4 VM, 64 KiB 8.6 vs 10.2
-  // where its cores were close (Note [Streaming into the slots]). Timed on their third call, as
-  // they are now, on the same VM: 16 MiB 2.71-2.96 ms vs 2.99-3.12, but 64 MiB 18.6 vs 13.9,
-  // where a call's inputs and outputs no longer fit the caches and the slots stream. Within the
-  // window rank 0 times them against the slots, and takes them where they are faster. A rank that
-  // shares its core reads for its peers as well: at W=3 and W=4 on 2 cores single copy lost at
-  // every size. Gather (one reader) was even; broadcast lost at every size: its root leaves once
-  // its data is in the slot, while here it waits for every reader.
+  // Measured at W=2 on the 2-core Xeon VM (2 MiB of L2 each), each call's data written just before
+  // it, as training writes its tensors, single copy (reading the peers, as it did then) against the
+  // slots (bench/compare.py's sizes, median us): all_gather 512 KiB 68 vs 88, 1 MiB 165 vs 215, 2
+  // MiB 370 vs 455, 4 MiB 1150 vs 930 (pinning each page, no pipelining) and 128-256 KiB even; on
+  // the Zen 4 VM, 64 KiB 8.6 vs 10.2 where its cores were close (Note [Streaming into the slots]).
+  // Timed on their third call, as they are now, on the same VM: 16 MiB 2.71-2.96 ms vs 2.99-3.12,
+  // but 64 MiB 18.6 vs 13.9, where a call's inputs and outputs no longer fit the caches and the
+  // slots stream; writing into the peers, two processes alone moved a 64 MiB all_gather in
+  // 19.4-22.0 ms, where chorus took 14.9 through the slots. Within the window rank 0 times them
+  // against the slots, and takes them where they are faster. A rank that shares its core copies for
+  // its peers as well: at W=3 and W=4 on 2 cores single copy (reading) lost at every size. Gather
+  // (one reader) was even; broadcast lost at every size: its root leaves once its data is in the
+  // slot, while here it waits for every reader.
   if (world > cores) return {};
   if (kind == OpKind::AllGather || kind == OpKind::AllGatherV) return {16 << 10, (64 << 20) - 1};
   return {};
