@@ -53,7 +53,7 @@ bool all_gather_direct(ShmGroup& g, const Call& c, const std::vector<size_t>& di
 // output with streaming stores: the rank never reads that copy again in the call, and a normal
 // store would first read each line from memory while the peers' writes compete for it (the Xeon
 // VM, W=2, 16 MiB all_gather, single copy forced, five alternating rounds on a morning its memory
-// copied at half its usual speed: 2.95-3.18 ms against 3.40-4.03, Open MPI 3.53-4.36; 1 MiB
+// copied at half its usual speed: 2.96-3.34 ms against 3.40-4.03, Open MPI 3.53-4.36; 1 MiB
 // blocks stay in cache: 98-106 us either way). False (after the phases) sends every rank down the
 // staged path.
 template <class Block>
