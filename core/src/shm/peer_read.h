@@ -10,7 +10,8 @@
 //      phase also tells each rank that its peers have entered the call, so their outputs may be
 //      written.
 //   2. Every rank writes its block into each peer's output, a piece at a time: it copies the piece
-//      into its own output, then writes the same piece to its peers while it is in its cache.
+//      into its own output (streaming it there from 4 MiB, gather.cc), then writes the same piece to
+//      its peers while it is in its cache.
 //   3. finish(): every rank says whether its writes worked. After this phase no rank touches a
 //      peer's buffer, and every rank's output holds every block, so every rank may return.
 // That saves a copy, but not the transfer between cores, which is what costs most when the data
