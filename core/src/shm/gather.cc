@@ -53,9 +53,11 @@ bool all_gather_direct(ShmGroup& g, const Call& c, const std::vector<size_t>& di
 // output with streaming stores: the rank never reads that copy again in the call, and a normal
 // store would first read each line from memory while the peers' writes compete for it (the Xeon
 // VM, W=2, 16 MiB all_gather, single copy forced, five alternating rounds on a morning its memory
-// copied at half its usual speed: 2.96-3.34 ms against 3.40-4.03, Open MPI 3.53-4.36; 1 MiB
-// blocks stay in cache: 98-106 us either way). False (after the phases) sends every rank down the
-// staged path.
+// copied at half its usual speed: 2.96-3.34 ms against 3.40-4.03, Open MPI 3.53-4.36; four rounds
+// of 4 MiB: 611-660 us against 585-669). Smaller blocks store normally, as chorus's other copies
+// into user buffers do (Note [Streaming stores]): their output may stay in the caches for whoever
+// reads it next (1 MiB streamed took 92-98 us against 98-106, where chorus-bench reads none of it).
+// False (after the phases) sends every rank down the staged path.
 template <class Block>
 bool all_gather_single_copy(ShmGroup& g, const Call& c, const std::vector<size_t>& displ, Block&& block,
                             const SlotStores& way) {
