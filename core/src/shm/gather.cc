@@ -72,13 +72,10 @@ bool all_gather_single_copy(ShmGroup& g, const Call& c, const std::vector<size_t
   const auto* in = static_cast<const uint8_t*>(c.in);
   uint8_t* own = block(me);
   const size_t mine = (displ[size_t(me) + 1] - displ[size_t(me)]) * es;
-  const bool stream = mine >= kStreamMinBytes && own != in;
+  const bool stream = mine >= kStreamMinBytes;
   for (size_t x = 0; x < mine; x += kPushPieceBytes) {
     const size_t n = std::min(kPushPieceBytes, mine - x);
-    if (stream)
-      copy_out(own + x, in + x, n, true);
-    else
-      move_bytes(own + x, in + x, n);
+    if (own != in) copy_out(own + x, in + x, n, stream);  // nothing to do gathered in place
     for (int k = 1; k < world; ++k) to.write((me + k) % world, x, in + x, n);
   }
   return to.finish();
