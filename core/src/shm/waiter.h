@@ -29,11 +29,21 @@
 // median of 20,000 calls, 4 interleaved runs with and without one round of 16 pauses: barrier
 // 4.2-6.4 -> 3.3-3.6 us, 8-byte all_reduce 4.3-4.9 -> 3.5-3.6. Four later runs beside Open MPI's
 // (bench/mpi_tail.c): barrier 2.9-4.5 against 3.0-4.9, 8-byte all_reduce 3.0-3.5 against 3.4-7.4.
-// The yielding is short too (100 us, enough to hand the core to a peer that is runnable on it): a
-// thread in sched_yield stays runnable, and Linux's fair scheduler still gives it its share of a
-// core, taken from the ranks that compute. A DDP step at W=4 on 2 cores, whose collectives wait
-// on peers still in their backward pass, exposed 55-62 ms of communication with 2 ms of yielding
-// and 37-41 ms with 100 us; chorus-bench's collectives alone did not change beyond noise.
+// The yielding is shorter too, 1 ms against 2 when every rank has a core. A thread in sched_yield
+// stays runnable, and the fair scheduler may give it its share of a core, taken from the ranks that
+// compute: on a Zen VM a DDP step at W=4 on 2 cores, whose collectives wait on peers still in their
+// backward pass, exposed 55-62 ms of communication with 2 ms of yielding and 37-41 ms with 100 us.
+// But a rank that sleeps must be woken and then wait for a core, and its peers wait with it: on a
+// 2-core Xeon VM (Linux 6.18), each rank running bench/compare.py's matmul step between calls, the
+// ranks that finished their step first slept in the barrier before each call after 100 us, and the
+// calls that met a rank still waking made the p95 (Open MPI's ranks yield without end and never
+// sleep). chorus-bench --np 4 --tail, the 8-byte and 1 KiB all_reduce and all_gather, two rounds,
+// p95 by the time yielded: 100 us 36-51 us, 300 us 5-35, 600 us 5-18, 1 ms 6-14, 2 ms 6-15 (Open
+// MPI with passive OpenMP threads, three other rounds: 12-31); W=8, 100 us 66-116 against 1 ms
+// 28-43 (Open MPI 48-105). Yielding cost the compute nothing there: 3000 such steps took
+// 2.27-2.55 s with 1 ms against 2.45-2.69 with 100 us. In the same session Fabric's DDP step
+// (bench/libraries_bench.py, W=4) exposed 48.3-49.5 ms with 1 ms of yielding (4 runs), 45.3-49.7
+// with 100 us (7) and 48.5-51.0 with 2 ms (7); chorus-ddp-bench's did not move beyond noise.
 //
 // Note [Ranks sharing the cores]: "oversubscribed" counts the job's ranks on this machine, not the
 // group's. A shared-memory group holds the ranks of one host, but hosts that are network
@@ -62,7 +72,7 @@
 // Note [A rank alone beside busy cores]: with more ranks than cores and a CPU-bound process beside
 // them, the scheduler may settle with three ranks of four on one CPU and the fourth beside the
 // process on the other: three runnable tasks against two, too even for its balancer to move one.
-// The three wait for the fourth, yield for 100 us, sleep, and their CPU goes idle. The fourth, let
+// The three wait for the fourth, yield, sleep, and their CPU goes idle. The fourth, let
 // on after the process's time slice, posts, wakes them (tens of us from an idle vCPU), and yields
 // while they wake: the process takes another whole slice, a 4 ms tick. Every call then takes a
 // slice until the scheduler moves a rank. perf sched, W=4 on 2 cores, 1000 barriers beside one
@@ -95,7 +105,7 @@
 // against 56.0-58.9 (3 alternating runs). chorus-bench, 1000 barriers a run, W=4: 1.83-1.90 us in
 // 10 of 10 alternating runs (round robin) against 8 of 10 unplaced, the other two 2.94-2.97; W=8,
 // 4.1-4.5 us in 6 of 8 against 3 of 8 (what moved ranks in the other two was not traced; a rank
-// that sleeps in a wait, after 100 us of yielding, is placed anew as it wakes). Placed in blocks,
+// that sleeps in a wait, after its yielding, is placed anew as it wakes). Placed in blocks,
 // compare.py's W=4 barrier took 1.86-1.93 us in all three runs. CHORUS_BIND_TO=none leaves ranks
 // where they are.
 //
@@ -103,7 +113,7 @@
 // in `waiters` and then reads the word, the poster writes the word and then reads `waiters`, and
 // each needs its write seen before its read, or the poster wakes nobody while the sleeper sleeps
 // on a word that has changed (until its futex times out, 20 ms). The sleeper's side is rare (after
-// 100 us of yielding at least), the poster's is every phase of every call, and the fence a
+// 1 ms of yielding at least), the poster's is every phase of every call, and the fence a
 // seq_cst store makes it pay waits for its line to come back from the peer that reads it: 50-60 ns
 // of every small call at W=2 here (barrier 0.36 -> 0.30 us without it). So where the kernel offers
 // membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED) to every rank of a group, the posters store and read
