@@ -148,7 +148,7 @@ SpinPolicy SpinPolicy::for_group(int size) {
   p.spin_for = std::chrono::microseconds(settings().shm_spin_us.value_or(bound ? 2000 : 50));
   p.crowded = oversubscribed;
   p.spin_alone = size >= sharing;
-  if (oversubscribed) p.yield_for = std::chrono::microseconds(1000);
+  if (oversubscribed) p.yield_for = kCrowdedYield;
   return p;
 }
 

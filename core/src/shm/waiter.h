@@ -205,6 +205,8 @@ int job_cores();
 struct SpinPolicy {
   Clock::duration spin_for = std::chrono::microseconds(50);
   Clock::duration yield_for = std::chrono::microseconds(2000);
+  // How long a wait yields when ranks outnumber cores (Note [Waiting with more ranks than cores]).
+  static constexpr std::chrono::microseconds kCrowdedYield{1000};
   // More ranks than cores: a wait spins only where no rank of its group shares its CPU, and only if
   // the group holds every rank on these cores (Note [A rank alone beside busy cores]).
   bool crowded = false, spin_alone = false;
