@@ -37,8 +37,8 @@
 // 2-core Xeon VM (Linux 6.18), each rank running bench/compare.py's matmul step between calls, the
 // ranks that finished their step first slept in the barrier before each call after 100 us, and the
 // calls that met a rank still waking made the p95, as the sweep bears out (the sleeps were not
-// counted; Open MPI's ranks yield without end and never sleep). chorus-bench --np 4 --tail, the 8-byte and 1 KiB all_reduce and all_gather, two rounds,
-// p95 by the time yielded: 100 us 36-51 us, 300 us 5-35, 600 us 5-18, 1 ms 6-14, 2 ms 6-15 (Open
+// counted; Open MPI's ranks yield without end and never sleep). chorus-bench --np 4 --tail, the
+// 8-byte and 1 KiB all_reduce and all_gather, two rounds, p95 by the time yielded: 100 us 36-51 us, 300 us 5-35, 600 us 5-18, 1 ms 6-14, 2 ms 6-15 (Open
 // MPI with passive OpenMP threads, three other rounds: 12-31); W=8, 100 us 66-116 against 1 ms
 // 28-43 (Open MPI 48-105). Yielding cost the compute nothing there: 3000 such steps took
 // 2.27-2.55 s with 1 ms against 2.45-2.69 with 100 us. In the same session Fabric's DDP step
