@@ -42,12 +42,12 @@
 // 300 us 5-35, 600 us 5-18, 1 ms 6-14, 2 ms 6-15 (Open MPI with passive OpenMP threads, three other
 // rounds: 12-31); W=8, 100 us 66-116 against 1 ms 28-43 (Open MPI 48-105). Yielding cost the
 // compute nothing there: 3000 such steps took 2.27-2.55 s with 1 ms against 2.45-2.69 with 100 us.
-// In the same session Fabric's DDP step (bench/libraries_bench.py, W=4) exposed 48.3-49.5 ms with 1
-// ms of yielding (4 runs), 45.3-49.7 with 100 us (7) and 48.5-51.0 with 2 ms (7);
+// In the same session Fabric's DDP step (bench/libraries_bench.py, W=4) exposed 48.3-49.5 ms with
+// 1 ms of yielding (4 runs), 45.3-49.7 with 100 us (7) and 48.5-51.0 with 2 ms (7);
 // chorus-ddp-bench's did not move beyond noise. What it costs: a 64 MiB all_reduce at W=4, every
 // call's output checked in full before the next (chorus-bench without --check-last, 10 calls), took
-// either about 29 ms or about 40: 8 runs of 9 took 36-42 with 1 ms of yielding, none of 9 with 100
-// us (28.5-32.3); W=8 59-79 against 58-66 (6 runs each). Checking the last call only, as
+// either about 29 ms or about 40: 8 runs of 9 took 36-42 with 1 ms of yielding, none of 9 with
+// 100 us (28.5-32.3); W=8 59-79 against 58-66 (6 runs each). Checking the last call only, as
 // bench/compare.py does, 26.5-27.8 against 26.8-28.5 (7 runs each). Not traced; a guess: a rank
 // that yields is not placed anew, as a sleeper is when it wakes (Note [Ranks placed, not bound]).
 //
