@@ -273,6 +273,40 @@ TEST(ShmGroups, RanksBoundToACoreEachCountTheirCoresTogether) {
   }));
 }
 
+void bind_to_cpu(int cpu) {
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cpu, &one);
+  RANK_CHECK(sched_setaffinity(0, sizeof(one), &one) == 0, "cannot bind to CPU ", cpu);
+}
+
+// This rank bound to `cpu` in a world of the ranks (which notes them against the cores), and a group
+// of the same ranks in a call, after which every rank posted once from its CPU.
+struct BoundRanks {
+  BoundRanks(RankContext& ctx, int cpu)
+      : world((bind_to_cpu(cpu), Communicator::create(ctx.store, ctx.rank, ctx.world, shm_options()))),
+        group(*ctx.store, ctx.rank, ctx.world, group_options()) {
+    Call barrier{};  // a call's waits need its deadline
+    barrier.start = Clock::now();
+    barrier.deadline = barrier.start + 30s;
+    group.start(barrier);
+    group.sync();
+  }
+  static CommunicatorOptions shm_options() {
+    CommunicatorOptions options;
+    options.backend = "shm";
+    return options;
+  }
+  static BackendOptions group_options() {
+    BackendOptions options;
+    options.group_name = "bound";
+    options.deadline = Clock::now() + 30s;
+    return options;
+  }
+  std::shared_ptr<Communicator> world;
+  shm::ShmGroup group;
+};
+
 // Note [A rank alone beside busy cores]: with more ranks than cores, a rank that no rank of its group
 // shares a CPU with may spin on its peers; the ranks that share one never do.
 TEST(ShmGroups, OnlyARankAloneOnItsCpuSpinsWhenRanksOutnumberTheCores) {
@@ -281,27 +315,34 @@ TEST(ShmGroups, OnlyARankAloneOnItsCpuSpinsWhenRanksOutnumberTheCores) {
   const std::vector<int> cpus = shm::parse_cpu_list(shm::usable_cpu_list());
   expect_all_ok(run_ranks(3, [&](RankContext& ctx) {
     const int cpu = cpus[ctx.rank == 2 ? 1 : 0];  // ranks 0 and 1 share a CPU, rank 2 has one
-    cpu_set_t one;
-    CPU_ZERO(&one);
-    CPU_SET(cpu, &one);
-    RANK_CHECK(sched_setaffinity(0, sizeof(one), &one) == 0, "cannot bind to CPU ", cpu);
-    CommunicatorOptions options;
-    options.backend = "shm";
-    auto comm = Communicator::create(ctx.store, ctx.rank, ctx.world, options);  // notes 3 ranks on 2 CPUs
-    BackendOptions group;
-    group.group_name = "alone";
-    group.deadline = Clock::now() + 30s;
-    shm::ShmGroup g(*ctx.store, ctx.rank, ctx.world, group);
-    Call barrier{};  // a call's waits need its deadline
-    barrier.start = Clock::now();
-    barrier.deadline = barrier.start + 30s;
-    g.start(barrier);
-    g.sync();  // every rank posted once, from its CPU
+    BoundRanks bound(ctx, cpu);
+    shm::ShmGroup& g = bound.group;
     const bool alone = ctx.rank == 2;
     for (int peer : {-1, (ctx.rank + 1) % 3})
       RANK_CHECK(g.may_spin_for(peer) == alone, "a wait on ", peer < 0 ? "any rank" : "rank " + std::to_string(peer),
                  alone ? " does not spin, alone on CPU " : " spins beside another rank on CPU ", cpu);
     g.sync();  // no rank leaves while another still reads its CPU
+  }));
+}
+
+// Note [Evening out a long call]: a rank on a CPU with two fewer of its group's ranks than another
+// yields briefly in a long call; with the ranks spread evenly, none does.
+TEST(ShmGroups, OnlyRanksOnAnEmptierCpuYieldBrieflyToEvenOutALongCall) {
+  if (settings().shm_spin_us) GTEST_SKIP() << "CHORUS_SHM_SPIN_US is set";
+  if (shm::usable_cores() != 2) GTEST_SKIP() << "not 2 CPUs";
+  const std::vector<int> cpus = shm::parse_cpu_list(shm::usable_cpu_list());
+  expect_all_ok(run_ranks(4, [&](RankContext& ctx) {
+    BoundRanks bound(ctx, cpus[ctx.rank == 3 ? 1 : 0]);  // three ranks on one CPU, one on the other
+    shm::ShmGroup& g = bound.group;
+    RANK_CHECK(g.on_emptier_cpu() == (ctx.rank == 3), "3 ranks on CPU ", cpus[0], " and 1 on CPU ", cpus[1],
+               ": this rank ", ctx.rank == 3 ? "does not count its CPU emptier" : "counts its CPU emptier");
+    g.sync();  // no rank moves while another still counts
+    bind_to_cpu(cpus[ctx.rank >= 2 ? 1 : 0]);
+    g.sync();  // posted again, from its new CPU
+    RANK_CHECK(!g.on_emptier_cpu(), "2 ranks on each CPU: rank ", ctx.rank, " counts its CPU emptier");
+    g.sync();
+    const auto brief = shm::SpinPolicy::for_group(4).to_even_out();
+    RANK_CHECK(brief.yield_for == 100us, "on an emptier CPU a wait yields ", brief.yield_for.count(), " ns");
   }));
 }
 

@@ -18,6 +18,7 @@ ShmGroup::ShmGroup(Store& store, int rank, int world, const BackendOptions& opti
                                       : kSingleCopyNever,
            options.deadline, options.group_name),
       policy_(SpinPolicy::for_group(world)),
+      even_out_policy_(policy_.to_even_out()),
       calls_(size_t(world)),
       stream_slots_(options.shm.stream_slots) {
   seg_.ctrl(rank_).cpu.store(cpu_ = sched_getcpu());  // else it reads 0 (CPU 0) until the first post()
@@ -67,6 +68,7 @@ void ShmGroup::start(const Call& call) {
     }
   }
   ++call_;
+  first_phase_ = phase_;
   RankControl& me = seg_.ctrl(rank_);
   const std::string& invalid = refused.empty() ? call.invalid : refused;
   CallDesc d = make_desc(call, call_);
@@ -163,7 +165,7 @@ void ShmGroup::wait_for(uint32_t target, int only) {
   const size_t line = call_ & 1;
   // Crowded, the answer is the same for every peer and reads every peer's cpu: once per
   // wait, at its first peer not yet there (Note [A rank alone beside busy cores]).
-  int alone = -1;
+  int alone = -1, uneven = -1;
   auto spin = [&](int p) {
     if (!policy_.crowded) return may_spin_for(p);
     if (alone < 0) alone = may_spin_for(-1);
@@ -174,7 +176,10 @@ void ShmGroup::wait_for(uint32_t target, int only) {
     RankControl& peer = seg_.ctrl(p);
     auto ready = [&] { return posted(p, target); };
     if (!ready()) {
-      wait_until(ready, peer.seq, peer.waiters, policy_, spin(p), [&] {
+      const bool spins = spin(p);
+      // Note [Evening out a long call]: past the call's first phase, the CPUs the peers posted from are this call's.
+      if (uneven < 0) uneven = policy_.crowded && policy_.spin_alone && target - first_phase_ > 1 && on_emptier_cpu();
+      wait_until(ready, peer.seq, peer.waiters, uneven ? even_out_policy_ : policy_, spins, [&] {
         std::vector<int> missing;
         for (int q = 0; q < world_; ++q)
           if (q != rank_ && (only < 0 || q == only) && !posted(q, target)) missing.push_back(q);
@@ -198,6 +203,21 @@ bool ShmGroup::may_spin_for(int peer) {
   for (int q = 0; q < world_; ++q)
     if (q != rank_ && seg_.ctrl(q).cpu.load(std::memory_order_relaxed) == cpu) return false;
   return true;
+}
+
+bool ShmGroup::on_emptier_cpu() {
+  const int32_t here = sched_getcpu();
+  auto cpu_of = [&](int q) { return q == rank_ ? here : seg_.ctrl(q).cpu.load(std::memory_order_relaxed); };
+  int most = 0;
+  for (int q = 0; q < world_; ++q) {
+    const int32_t c = cpu_of(q);
+    if (c < 0) continue;
+    if (size_t(c) >= ranks_on_cpu_.size()) ranks_on_cpu_.resize(size_t(c) + 1, 0);
+    most = std::max(most, ++ranks_on_cpu_[size_t(c)]);
+  }
+  const int mine = here < 0 ? most : ranks_on_cpu_[size_t(here)];
+  std::fill(ranks_on_cpu_.begin(), ranks_on_cpu_.end(), 0);
+  return most >= mine + 2;
 }
 
 bool ShmGroup::posted(int p, uint32_t target) {

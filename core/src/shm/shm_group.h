@@ -122,6 +122,9 @@ class ShmGroup {
   // Whether a wait on `peer` (on any peer: -1) may spin before it yields (Note [Waiting with more
   // ranks than cores], Note [A rank alone beside busy cores]).
   bool may_spin_for(int peer);
+  // Whether this rank runs on a CPU that holds at least two fewer of the group's ranks than
+  // another, by the CPUs they last posted from (Note [Evening out a long call]).
+  bool on_emptier_cpu();
 
   // Waits until ready() for point-to-point call `c` with `peer`; `word` changes when ready()
   // may have become true. Throws like sync() does. Thread-safe: sends and receives on different
@@ -188,8 +191,11 @@ class ShmGroup {
   BackendOptions named_;  // name_rank(): how messages name a peer
   Segment seg_;
   SpinPolicy policy_;
+  SpinPolicy even_out_policy_;     // Note [Evening out a long call]
+  std::vector<int> ranks_on_cpu_;  // on_emptier_cpu()'s counts, by CPU
   PeerWatch watch_;
   uint32_t phase_ = 0;        // last phase this rank posted
+  uint32_t first_phase_ = 0;  // phase_ when the current call started
   uint64_t call_ = 0;         // index of the current call
   bool light_posts_ = false;  // Note [Light posts]
   bool owed_ = false;         // the last call's last wait is still to be done (Note [Owed waits])

@@ -152,4 +152,10 @@ SpinPolicy SpinPolicy::for_group(int size) {
   return p;
 }
 
+SpinPolicy SpinPolicy::to_even_out() const {
+  SpinPolicy p = *this;
+  if (crowded) p.yield_for = kEvenOutYield;
+  return p;
+}
+
 }  // namespace chorus::shm

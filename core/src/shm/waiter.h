@@ -44,12 +44,13 @@
 // compute nothing there: 3000 such steps took 2.27-2.55 s with 1 ms against 2.45-2.69 with 100 us.
 // In the same session Fabric's DDP step (bench/libraries_bench.py, W=4) exposed 48.3-49.5 ms with
 // 1 ms of yielding (4 runs), 45.3-49.7 with 100 us (7) and 48.5-51.0 with 2 ms (7);
-// chorus-ddp-bench's did not move beyond noise. What it costs: a 64 MiB all_reduce at W=4, every
+// chorus-ddp-bench's did not move beyond noise. What it cost: a 64 MiB all_reduce at W=4, every
 // call's output checked in full before the next (chorus-bench without --check-last, 10 calls), took
 // either about 29 ms or about 40: 8 runs of 9 took 36-42 with 1 ms of yielding, none of 9 with
 // 100 us (28.5-32.3); W=8 59-79 against 58-66 (6 runs each). Checking the last call only, as
-// bench/compare.py does, 26.5-27.8 against 26.8-28.5 (7 runs each). Not traced; a guess: a rank
-// that yields is not placed anew, as a sleeper is when it wakes (Note [Ranks placed, not bound]).
+// bench/compare.py does, 26.5-27.8 against 26.8-28.5 (7 runs each). The slow calls were those run
+// by ranks spread unevenly over the CPUs, which ranks that yield keep so: Note [Evening out a long
+// call].
 //
 // Note [Ranks sharing the cores]: "oversubscribed" counts the job's ranks on this machine, not the
 // group's. A shared-memory group holds the ranks of one host, but hosts that are network
@@ -91,6 +92,31 @@
 // Unloaded, and beside the matmul step of bench/compare.py --load matmul, the medians did not move
 // beyond noise. Only where the group holds every rank on these cores (Note [Ranks sharing the
 // cores]): on namespace hosts the other hosts' ranks may need that CPU.
+//
+// Note [Evening out a long call]: ranks that outnumber the cores run where the scheduler puts them
+// (Note [Ranks placed, not bound]), and it may leave them spread unevenly: three ranks of four on
+// one CPU and one on the other, or five of eight and three. A long call then goes at the pace of
+// the fuller CPU. perf sched, W=4 on 2 cores, each call of a 64 MiB all_reduce matched to where its
+// ranks ran: 29.5-31.6 ms for the calls run two and two, 38-56 for those run three and one; at W=8,
+// 56.5-62 ms for most calls run four and four, 68-75 for those run mostly five and three. The
+// scheduler evens the ranks out when a CPU goes idle (it pulls a runnable task over from the busier
+// one), and a wait that yields for 1 ms (Note [Waiting with more ranks than cores]) keeps its CPU
+// busy: with every call's output checked in full before the next (the checks and the barriers
+// between the calls move the ranks), 18-40 calls of 43 at W=4 took the slow mode, against 5 of 43
+// when every wait yielded for 100 us. So past a call's first phase, where the CPUs its peers last
+// posted from are those they run the call on, a wait on a CPU that holds at least two fewer of the
+// group's ranks than another (one rank moved over would even them out) yields for 100 us only, then
+// sleeps: once every rank there waits, the CPU goes idle and the scheduler moves a rank onto it.
+// Same runs, with and without: W=4, 4 slow calls of 43 against 21-37 (5 runs each); W=8, median
+// 59.4-63.6 ms against 63.8-71.7 (3 runs each). Checking the last call only, W=8, median
+// 59.8-61.6 ms against 60.4-66.6 and p95 66.5-73.2 against 76.4-82.9 (4 runs each). The first phase
+// of a call, and with it every call of one phase, waits as before: the small calls' p95 beside a
+// matmul step depends on ranks that do not sleep (Note [Waiting with more ranks than cores]).
+// Beside that step (chorus-bench --step-matmul 256 --tail, 2 runs each) the 16 MiB all_gather's p95
+// went from 22.6 ms to 15.5-16.4 and the all_reduce's from 10.9-13.4 to 8.3-9.0; the calls of 8 B
+// and 1 KiB did not move beyond noise. Only where the group holds every rank on these cores (as
+// Note [A rank alone beside busy cores]): on namespace hosts the other hosts' ranks may be what
+// fills a CPU.
 //
 // Note [Ranks placed, not bound]: ranks that outnumber the cores run unbound (Note [A core for every
 // rank]), where the scheduler puts them: at fork and exec, and wherever it wakes them from a wait.
@@ -207,11 +233,17 @@ struct SpinPolicy {
   Clock::duration yield_for = std::chrono::microseconds(2000);
   // How long a wait yields when ranks outnumber cores (Note [Waiting with more ranks than cores]).
   static constexpr std::chrono::microseconds kCrowdedYield{1000};
+  // How long a wait yields, crowded, on a CPU that holds fewer of the group's ranks than another
+  // (Note [Evening out a long call]).
+  static constexpr std::chrono::microseconds kEvenOutYield{100};
   // More ranks than cores: a wait spins only where no rank of its group shares its CPU, and only if
   // the group holds every rank on these cores (Note [A rank alone beside busy cores]).
   bool crowded = false, spin_alone = false;
   // Reads CHORUS_SHM_SPIN_US, the usable core count and the ranks sharing them (at least `size`).
   static SpinPolicy for_group(int size);
+  // This policy for a wait on a CPU that holds fewer of the group's ranks than another: crowded, it
+  // yields for kEvenOutYield only (Note [Evening out a long call]).
+  SpinPolicy to_even_out() const;
 };
 
 // Whether a rank that last posted from `peer_cpu` did so from the CPU this rank runs on.
