@@ -32,9 +32,7 @@ void pin_to_first_cpu() {
   RANK_CHECK(sched_getaffinity(0, sizeof set, &set) == 0);
   int cpu = 0;
   while (!CPU_ISSET(cpu, &set)) ++cpu;
-  CPU_ZERO(&set);
-  CPU_SET(cpu, &set);
-  RANK_CHECK(sched_setaffinity(0, sizeof set, &set) == 0);
+  bind_to_cpu(cpu);
   RANK_CHECK(sched_getcpu() == cpu);
 }
 

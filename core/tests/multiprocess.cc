@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -284,6 +285,13 @@ std::vector<std::string> leftover_segments(const std::vector<RankResult>& ranks)
     closedir(d);
   }
   return out;
+}
+
+void bind_to_cpu(int cpu) {
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cpu, &one);
+  RANK_CHECK(sched_setaffinity(0, sizeof(one), &one) == 0, "cannot bind to CPU ", cpu);
 }
 
 }  // namespace chorus::test

@@ -70,6 +70,9 @@ void expect_all_ok(const std::vector<RankResult>& results);
           ::chorus::detail::concat(__FILE__, ":", __LINE__, ": ", #cond, " " __VA_OPT__(, ) __VA_ARGS__)); \
   } while (0)
 
+// Inside a rank: binds this thread to CPU `cpu` alone, or throws naming it.
+void bind_to_cpu(int cpu);
+
 // Runs fn, which must throw E; returns its message. Throws otherwise.
 template <class E, class F>
 std::string expect_throw(F&& fn, const char* where) {
