@@ -60,7 +60,8 @@ under a run (its two vCPUs moved to cores that share a cache or not, the barrier
 docs/performance.md), and a side timed whole, a minute or more after the other, could meet the
 other state (in one such --load run, chorus's three W=2 runs all met the slow state and two of
 Open MPI's the fast one). Each run's barrier is printed for both sides: the state it met.
-Writes the raw outputs and a combined CSV (world,op,bytes,impl,median_us,busbw_GBps) to --out.
+Writes the raw outputs and a combined CSV (world,op,bytes,impl,median_us,busbw_GBps,p95_us,mean_us;
+the last two where the benchmark reports them: chorus-bench, mpi_tail.c) to --out.
 """
 import contextlib
 import csv
@@ -292,7 +293,8 @@ def main():
                 print(line)
                 for impl, table in results.items():
                     if (op, size) in table:
-                        combined.append([world, op, size, impl, *table[(op, size)]])
+                        row = table[(op, size)]  # median and busbw; chorus-bench's and mpi_tail's also p95 and mean
+                        combined.append([world, op, size, impl, *row, *[""] * (4 - len(row))])
         # The VM's state in each run (the docstring): its barrier, run by run, on both sides.
         barriers = {impl: [t[("barrier", 0)][0] for t in runs[impl] if ("barrier", 0) in t] for impl in ("chorus", "mpi_fresh")}
         if all(barriers.values()):
@@ -382,7 +384,7 @@ def main():
 
     with open(os.path.join(args.out, "combined.csv"), "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["world", "op", "bytes", "impl", "median_us", "busbw_GBps"])
+        w.writerow(["world", "op", "bytes", "impl", "median_us", "busbw_GBps", "p95_us", "mean_us"])
         w.writerows(combined)
     verdicts.print("## targets (issues 2 and 28)")
 
