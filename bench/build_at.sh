@@ -6,11 +6,11 @@
 # alternating with `bench/compare.py --build build ...` on this tree's build.
 #
 # The benchmark is this tree's chorus_bench.cc and bench_ops.{h,cc}: the fill of each call's input
-# is part of the workload (Note [The same fill on both sides] in chorus_bench.cc), and the cache
-# it leaves behind decides how fast the next call's copies go. The commit's own benchmark, or its
-# library with only this tree's chorus_bench.cc, times another workload: on the 2-core Xeon VM, W=2,
-# 2000 calls of a 1 MiB broadcast, b609d2a's element-by-element fill gave a p95 of 57-84 us, today's
-# fill (memcpy in runs of 64 KiB, which mpi_tail.c does too) 88-92 on the same library.
+# is part of the workload (Note [The same fill on both sides] in chorus_bench.cc), and what it
+# leaves in the caches changes how fast the next call's copies go. The commit's own benchmark, or
+# its library with only this tree's chorus_bench.cc, times another workload: on the 2-core Xeon VM,
+# W=2, 2000 calls of a 1 MiB broadcast, b609d2a's element-by-element fill gave a p95 of 57-84 us,
+# this tree's (memcpy in runs of up to 64 KiB, as in mpi_tail.c) 88-92 on the same library.
 # A launcher older than its binding of ranks to cores (Note [A core for every rank]) starts them
 # unbound, as it did.
 # Usage: bench/build_at.sh COMMIT DIR   (DIR/src: the commit's tree, DIR/build: its build)
@@ -42,7 +42,8 @@ if command -v ccache > /dev/null; then
   export CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache
 fi
 cmake -S "$dir/src" -B "$dir/build" -DCMAKE_BUILD_TYPE=Release -DCHORUS_BUILD_TORCH=OFF -DCHORUS_BUILD_PYTHON=OFF \
-  -DCHORUS_BUILD_TESTS=OFF -DCHORUS_BUILD_EXAMPLES=OFF -DCHORUS_GLOO=OFF -DCHORUS_MPI=OFF > "$dir/configure.log"
-cmake --build "$dir/build" -j "$(env -u OMP_NUM_THREADS nproc)" --target chorus-bench > "$dir/build.log" ||
+  -DCHORUS_BUILD_TESTS=OFF -DCHORUS_BUILD_EXAMPLES=OFF -DCHORUS_GLOO=OFF -DCHORUS_MPI=OFF > "$dir/configure.log" 2>&1 ||
+  { tail -20 "$dir/configure.log" >&2; exit 1; }
+cmake --build "$dir/build" -j "$(env -u OMP_NUM_THREADS nproc)" --target chorus-bench > "$dir/build.log" 2>&1 ||
   { tail -20 "$dir/build.log" >&2; exit 1; }
 echo "$dir/build/bench/chorus-bench: $(git -C "$root" log -1 --format='%h %s' "$commit" | cut -c1-80), with this tree's benchmark"
