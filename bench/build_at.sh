@@ -22,7 +22,7 @@ commit=$(git -C "$root" rev-parse --verify --quiet "$1^{commit}") ||
 dir=$2
 rm -rf "$dir/src"
 mkdir -p "$dir/src"
-git -C "$root" archive "$commit" | tar -x -C "$dir/src"
+git -C "$root" archive "$commit" | tar -x -m -C "$dir/src"  # -m: times of now, so a DIR reused for another commit rebuilds
 cp "$root"/bench/{chorus_bench.cc,bench_ops.cc,bench_ops.h} "$dir/src/bench/"
 if ! grep -rqs "worker_cpus" "$dir/src/core/include"; then
   python3 - "$dir/src/bench/chorus_bench.cc" << 'EOF'
