@@ -9,7 +9,7 @@
 # is part of the workload (Note [The same fill on both sides] in chorus_bench.cc), and what it
 # leaves in the caches changes how fast the next call's copies go. The commit's own benchmark, or
 # its library with only this tree's chorus_bench.cc, times another workload: on the 2-core Xeon VM,
-# W=2, 2000 calls of a 1 MiB broadcast, b609d2a's element-by-element fill gave a p95 of 57-84 us,
+# W=2, 2000 calls of a 1 MiB broadcast, b609d2a's element-by-element fill gave a p95 of 56-84 us,
 # this tree's (memcpy in runs of up to 64 KiB, as in mpi_tail.c) 88-92 on the same library.
 # A launcher older than its binding of ranks to cores (Note [A core for every rank]) starts them
 # unbound, as it did.
