@@ -76,6 +76,9 @@ SIZES = [8, 1024, 65536, 1 << 20, 16 << 20, 64 << 20]
 PARTS = [SIZES[:4], SIZES[4:5], SIZES[5:]]  # timed on each side in turn (the barrier with the first)
 STEP_MATMUL = 256  # --load matmul: the side of the matrices each rank multiplies before every call
 OPS = ["barrier", "all_reduce", "all_gather", "broadcast"]
+# combined.csv: a row's key, then its measures (median and busbw; chorus-bench's and mpi_tail's also p95 and mean)
+CSV_KEY = ["world", "op", "bytes", "impl"]
+CSV_MEASURES = ["median_us", "busbw_GBps", "p95_us", "mean_us"]
 
 
 def parse_table(text):
@@ -293,8 +296,8 @@ def main():
                 print(line)
                 for impl, table in results.items():
                     if (op, size) in table:
-                        row = table[(op, size)]  # median and busbw; chorus-bench's and mpi_tail's also p95 and mean
-                        combined.append([world, op, size, impl, *row, *[""] * (4 - len(row))])
+                        row = table[(op, size)]
+                        combined.append([world, op, size, impl, *row, *[""] * (len(CSV_MEASURES) - len(row))])
         # The VM's state in each run (the docstring): its barrier, run by run, on both sides.
         barriers = {impl: [t[("barrier", 0)][0] for t in runs[impl] if ("barrier", 0) in t] for impl in ("chorus", "mpi_fresh")}
         if all(barriers.values()):
@@ -384,7 +387,7 @@ def main():
 
     with open(os.path.join(args.out, "combined.csv"), "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["world", "op", "bytes", "impl", "median_us", "busbw_GBps", "p95_us", "mean_us"])
+        w.writerow(CSV_KEY + CSV_MEASURES)
         w.writerows(combined)
     verdicts.print("## targets (issues 2 and 28)")
 
