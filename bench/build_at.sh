@@ -44,6 +44,6 @@ fi
 cmake -S "$dir/src" -B "$dir/build" -DCMAKE_BUILD_TYPE=Release -DCHORUS_BUILD_TORCH=OFF -DCHORUS_BUILD_PYTHON=OFF \
   -DCHORUS_BUILD_TESTS=OFF -DCHORUS_BUILD_EXAMPLES=OFF -DCHORUS_GLOO=OFF -DCHORUS_MPI=OFF > "$dir/configure.log" 2>&1 ||
   { tail -20 "$dir/configure.log" >&2; exit 1; }
-cmake --build "$dir/build" -j "$(env -u OMP_NUM_THREADS nproc)" --target chorus-bench > "$dir/build.log" 2>&1 ||
+cmake --build "$dir/build" -j "$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)" --target chorus-bench > "$dir/build.log" 2>&1 ||
   { tail -20 "$dir/build.log" >&2; exit 1; }
 echo "$dir/build/bench/chorus-bench: $(git -C "$root" log -1 --format='%h %s' "$commit" | cut -c1-80), with this tree's benchmark"
