@@ -16,16 +16,23 @@ namespace {
 // each call reports `switching` where it is not counted (the first call, a call that went another
 // way than the one before): 0.1 by default, a time that would turn the choice if it were counted;
 // the others cost(way, run), run the call's place among the calls in a row of its way (2 and on).
-// The ways the calls went.
+// Calls are of `bytes`; only those the choice times report their time (took()), and `timed` gets
+// their numbers. At the default size every call is timed where a way costs 1 or more per byte
+// (kUntimedTicks). The ways the calls went.
+constexpr size_t kEveryCallTimed = 1 << 20;
 std::vector<shm::Way> run_choice(shm::WayChoice& choice, unsigned allowed, int calls,
-                                 const std::function<double(shm::Way, int)>& cost, double switching = 0.1) {
+                                 const std::function<double(shm::Way, int)>& cost, double switching = 0.1,
+                                 size_t bytes = kEveryCallTimed, std::vector<int>* timed = nullptr) {
   std::vector<shm::Way> went;
   shm::Way way = shm::Way(__builtin_ctz(allowed));  // the first call goes the first allowed way
   int run = 0;
   for (int call = 1; call <= calls; ++call) {
-    const shm::Way next = choice.choose(allowed);  // at the call's start, for the next one
+    const shm::Way next = choice.choose(allowed, bytes);  // at the call's start, for the next one
     run = call > 1 && went.back() == way ? run + 1 : 1;
-    choice.took(way, run == 1 ? switching : cost(way, run));
+    if (choice.timing()) {
+      choice.took(way, run == 1 ? switching : cost(way, run));
+      if (timed) timed->push_back(call);
+    }
     went.push_back(way);
     way = next;
   }
@@ -94,14 +101,14 @@ TEST(WayChoice, RankZeroStreamsIntoTheSlotsWhereThatWasFaster) {
             (std::vector<int>{1, 2, 5, 15, 16, 50, 51, 309, 310}));
   // Back to the first choice, after its 400 calls:
   choice.took(Way::kStream, 9.0);  // one slow call (a preemption) does not turn the choice
-  EXPECT_EQ(choice.choose(stores), Way::kStream);
+  EXPECT_EQ(choice.choose(stores, kEveryCallTimed), Way::kStream);
   choice.took(Way::kStream, 2.1);  // nor does a small difference:
   choice.took(Way::kStream, 2.1);  // the way in use keeps going until the other is clearly faster
-  EXPECT_EQ(choice.choose(stores), Way::kStream);
+  EXPECT_EQ(choice.choose(stores, kEveryCallTimed), Way::kStream);
   choice.took(Way::kStream, 3.0);  // the cores moved: streaming is now the slower way, and the
   choice.took(Way::kStream, 3.0);  // kept times of streaming all say so
   choice.took(Way::kStream, 3.0);
-  EXPECT_EQ(choice.choose(stores), Way::kNormal);
+  EXPECT_EQ(choice.choose(stores, kEveryCallTimed), Way::kNormal);
 }
 
 // A way timed once, on buffers still warming up (bench/chorus_bench.cc's Note [Warm buffers]),
@@ -182,7 +189,7 @@ TEST(WayChoice, RankZeroReadsThePeersWhereThatWasFaster) {
   for (int call : {19, 20, 122, 123, 381, 382}) EXPECT_EQ(way_of(call), Way::kStream) << call;
   // Single copies were stopped: the choice goes on between the other two, on their times.
   const unsigned stores = shm::way_bit(Way::kNormal) | shm::way_bit(Way::kStream);
-  EXPECT_EQ(choice.choose(stores), Way::kStream);
+  EXPECT_EQ(choice.choose(stores, kEveryCallTimed), Way::kStream);
   shm::WayChoice told;  // a setting leaves one way: no trials
   EXPECT_EQ(
       not_going(run_choice(told, shm::way_bit(Way::kSingleCopy), 100, [](Way, int) { return 1.0; }), Way::kSingleCopy),
@@ -217,6 +224,54 @@ TEST(WayChoice, RankZeroTimesASingleCopyOnItsThirdCallInARow) {
   const auto left = run_choice(slower, all, 100, cost(1.2));
   EXPECT_EQ(not_going(left, Way::kNormal), (std::vector<int>{3, 4, 5, 6, 7, 41, 42, 43, 44, 45}));
   for (int call : {5, 6, 7, 43, 44, 45}) EXPECT_EQ(left[size_t(call - 1)], Way::kSingleCopy) << call;
+}
+
+// Timing a call costs rank 0 more than its clock reads: where the way in use goes on steadily, it
+// times one call in a few, about every kUntimedTicks of calls by the way's cost (Note [Timing a few
+// calls]). The calls it does not time still count for the trials.
+TEST(WayChoice, RankZeroTimesOneCallInAFewWhereTheWayInUseGoesOn) {
+  using shm::Way;
+  const unsigned stores = shm::way_bit(Way::kNormal) | shm::way_bit(Way::kStream);
+  // Normal stores three times slower from the slow_from-th counted call on (a call that went the
+  // way of the call before reports cost(); the others report `switching`).
+  auto cost = [](int slow_from) {
+    return [slow_from, counted = 0](Way w, int) mutable {
+      const bool slow = ++counted >= slow_from;
+      return w == Way::kStream ? 2.0 : slow ? 3.0 : 1.0;
+    };
+  };
+  // 16 KiB calls of normal stores at 1 tick per byte: one in four timed once the choice settled.
+  // Every call before that, and each trial's calls, with the call back after them and the next.
+  shm::WayChoice small;
+  std::vector<int> timed;
+  const auto went = run_choice(small, stores, 200, cost(1 << 30), 0.1, 16 << 10, &timed);
+  std::vector<int> expected = {1, 2, 3, 4, 5, 6};
+  for (int call = 10; call < 38; call += 4) expected.push_back(call);
+  expected.insert(expected.end(), {38, 39, 40, 41});
+  for (int call = 45; call < 141; call += 4) expected.push_back(call);
+  expected.insert(expected.end(), {141, 142, 143, 144});
+  for (int call = 148; call <= 200; call += 4) expected.push_back(call);
+  EXPECT_EQ(timed, expected);
+  // The trials fall where they fall with every call timed.
+  shm::WayChoice every;
+  EXPECT_EQ(not_going(went, Way::kNormal), (std::vector<int>{3, 4, 38, 39, 141, 142}));
+  EXPECT_EQ(not_going(run_choice(every, stores, 200, cost(1 << 30)), Way::kNormal), not_going(went, Way::kNormal));
+  // Normal stores three times slower from a counted call on: the choice turns to streaming once
+  // the kept times all say so, three counted calls later.
+  shm::WayChoice slowed;
+  timed.clear();
+  const auto turned = run_choice(slowed, stores, 120, cost(20), 0.1, 16 << 10, &timed);
+  std::vector<int> counted;
+  for (int call : timed)
+    if (call > 1 && turned[size_t(call - 1)] == turned[size_t(call - 2)]) counted.push_back(call);
+  ASSERT_GE(counted.size(), 22u);
+  EXPECT_EQ(std::vector<int>(counted.begin() + 19, counted.begin() + 22), (std::vector<int>{73, 77, 81}));
+  EXPECT_EQ(std::find(turned.begin() + 73, turned.end(), Way::kStream) - turned.begin() + 1, 83);
+  // 1 MiB calls: every call timed.
+  shm::WayChoice large;
+  timed.clear();
+  run_choice(large, stores, 100, cost(1 << 30), 0.1, 1 << 20, &timed);
+  EXPECT_EQ(timed.size(), 100u);
 }
 
 // Each rank watches its own copies into the slots (Note [Falling back within a call]): normal

@@ -110,12 +110,18 @@ SlotStores ShmGroup::slot_stores(OpKind kind, size_t bytes, bool may_read_peers)
   if (rank_ == 0 && !(allowed & way_bit(s.way))) s.way = Way(__builtin_ctz(allowed));  // rank 0's setting of the stores
   if (!stream_slots_) s.stream_pace = &stream_pace_[s.choice];  // Note [Falling back within a call]
   if (rank_ != 0) return s;
-  const Way next = way_choice_[s.choice].choose(allowed);
+  WayChoice& choice = way_choice_[s.choice];
+  const Way next = choice.choose(allowed, bytes);
   planned_[s.choice] = next;
-  std::atomic<uint32_t>& flags = seg_.ctrl(0).calls[call_ & 1].flags;  // published by the first post
-  flags.store((flags.load(std::memory_order_relaxed) & ~uint32_t(kLineNextWay)) | (uint32_t(next) << kLineWayShift),
-              std::memory_order_relaxed);
-  if (__builtin_popcount(allowed) > 1) s.started = ticks();  // measuring: nothing fixes the way
+  // Stored only where it changed (Note [Timing a few calls]); the first post publishes it.
+  const uint32_t way_bits = uint32_t(next) << kLineWayShift;
+  if (published_way_[call_ & 1] != way_bits) {
+    std::atomic<uint32_t>& flags = seg_.ctrl(0).calls[call_ & 1].flags;
+    flags.store((flags.load(std::memory_order_relaxed) & ~uint32_t(kLineNextWay)) | way_bits,
+                std::memory_order_relaxed);
+    published_way_[call_ & 1] = way_bits;
+  }
+  if (__builtin_popcount(allowed) > 1 && choice.timing()) s.started = ticks();  // measuring: nothing fixes the way
   return s;
 }
 

@@ -213,6 +213,9 @@ class ShmGroup {
   std::array<WayChoice, kChoices> way_choice_;  // rank 0's, by choice_index()
   std::array<Way, kChoices> planned_{};         // the way of the next call, by choice_index()
   std::array<double, kChoices> stream_pace_{};  // SlotStores::stream_pace, by choice_index()
+  // Rank 0's kLineNextWay bits as it last stored them into each of its two call lines (Note [Timing
+  // a few calls]); none at first.
+  uint32_t published_way_[2] = {~0u, ~0u};
   Clock::time_point started_, deadline_;
 };
 

@@ -4,7 +4,29 @@
 
 namespace chorus::shm {
 
-Way WayChoice::choose(unsigned allowed) {
+Way WayChoice::choose(unsigned allowed, size_t bytes) {
+  timing_now_ = timing_next_;
+  const Way next = decide(allowed);
+  decided_run_ = next == last_decided_ ? decided_run_ + 1 : 1;
+  last_decided_ = next;
+  // Note [Timing a few calls]: steady where the way in use goes on past the calls a trial or a
+  // change of way slows (the call back is timed for the trial's peak, the one after it counted),
+  // and its cost is known; untimed_ then counts what the calls left untimed took, by that cost.
+  const bool steady = settled_ && next == use_ && trial_left_ == 0 && !leaving_ &&
+                      decided_run_ > uint64_t(kUncounted[int(use_)]) + 1 && cost(use_) > 0;
+  untimed_ = steady ? untimed_ + cost(use_) * double(bytes) : 0;
+  timing_next_ = !steady || untimed_ >= kUntimedTicks;
+  if (timing_next_) untimed_ = 0;
+  return next;
+}
+
+Way WayChoice::decide(unsigned allowed) {
+  // Nothing to weigh before the next trial falls due, while the times stay as they are (took()).
+  if (quiet_ && allowed == quiet_allowed_ && decided_ + 1 < quiet_until_) {
+    ++decided_;
+    return use_;
+  }
+  quiet_ = false;
   Way ways[kWays];
   size_t n = 0;
   for (int w = 0; w < kWays; ++w)
@@ -60,10 +82,17 @@ Way WayChoice::choose(unsigned allowed) {
       tried_ = w;
     }
   }
-  return trial_left_ > 0 ? tried_ : use_;
+  if (trial_left_ > 0) return tried_;
+  quiet_ = true;
+  quiet_allowed_ = allowed;
+  quiet_until_ = UINT64_MAX;
+  for (size_t i = 0; i < n; ++i)
+    if (ways[i] != use_) quiet_until_ = std::min(quiet_until_, next_try_[int(ways[i])]);
+  return use_;
 }
 
 void WayChoice::took(Way w, double per_byte) {
+  quiet_ = false;
   run_ = w == last_ ? run_ + 1 : 1;
   last_ = w;
   // The way left behind goes on for the call decided before it was left: no trial, and its next
@@ -131,6 +160,10 @@ void WayChoice::schedule(Way w, uint64_t from) {
 void SlotStores::copy_in(void* slot, const void* src, size_t n) {
   if (stream_pace == nullptr || n < kWatchBytes) return copy_out(slot, src, n, stream());
   const bool streams = stream();
+  if (!streams && copies < kUnwatched) {  // not judged, so not timed (Note [Timing a few calls])
+    ++copies;
+    return copy_out(slot, src, n, false);
+  }
   const uint64_t t0 = ticks();
   copy_out(slot, src, n, streams);
   const double pace = double(ticks() - t0) / double(n);
@@ -140,7 +173,7 @@ void SlotStores::copy_in(void* slot, const void* src, size_t n) {
     fastest = fastest == 0 ? pace : std::min(fastest, pace);
     return;
   }
-  if (++copies <= kUnwatched) return;
+  ++copies;
   const bool slow = fastest > 0 && pace > kFallBack * fastest;
   slow_run = slow ? slow_run + 1 : 0;
   slow_pace = !slow ? 0 : slow_run == 1 ? pace : std::min(slow_pace, pace);

@@ -23,9 +23,10 @@
 // the 1 MiB all_gather 116-127 against 148-156, the 1 MiB all_reduce 62 against 125.
 // (reduce_scatter gained nothing on two dies, so it stores normally.)
 //
-// The ranks cannot see which state they are in, so rank 0 measures: it times each staged call of
+// The ranks cannot see which state they are in, so rank 0 measures: it times the staged calls of
 // at least kMinBytes per rank (ticks(), from its first store into a slot, or its first phase, to
-// its return), each kind of call and size class apart (choice_index); keeps the last kKept times
+// its return; one in a few where the way in use goes on steadily, Note [Timing a few calls]), each
+// kind of call and size class apart (choice_index); keeps the last kKept times
 // of each way, of which the fastest counts (a call is only ever slowed, by a preemption or an
 // interrupt); and uses the fastest way, switching only where another is clearly faster
 // (kSwitchBelow: the other way's kept times span more calls, and their fastest is the luckier for
@@ -157,6 +158,33 @@
 // CHORUS_SHM_STREAM_SLOTS (CommunicatorOptions::shm.stream_slots) fixes the way of storing for
 // any group, CHORUS_SHM_SINGLE_COPY (shm.single_copy) whether all_gathers read their peers;
 // rank 0's settings decide for the group.
+//
+// Note [Timing a few calls]: what rank 0 does after a call's copy into the slots costs more than
+// its instructions. The copy's stores are still on their way to the reader's cache when it ends,
+// and every store after them waits for a place behind them. The 2-core Xeon VM, W=2, a 64 KiB
+// broadcast (its root copies the message into a slot, posts and returns), normal stores fixed, 20
+// alternating runs of chorus-bench: 50 stores to one line after the post made its median 2.6%
+// slower, 200 stores 7.2%; the same 200 before the copy, nothing. Timing a call ends in took(),
+// some twenty stores to lines the copy has pushed out of L1, and the watch of each copy (Note
+// [Falling back within a call]) stores too: with every call timed, that broadcast took 2.8-5.3%
+// longer than b609d2a's (40 alternating runs each, twice), whose root never timed a call of one
+// chunk, and 2.7-4.5% longer than with the way fixed (CHORUS_SHM_STREAM_SLOTS=0), where rank 0
+// times nothing. So:
+//   - Where the way in use goes on steadily (the choice settled, no trial, its third call in a row
+//     or later: the call back after a trial is timed for the trial's peak, the next one counted),
+//     rank 0 times one call in every kUntimedTicks of such calls by the way's cost, about 19 us at
+//     this VM's 2.6 GHz counter: one in four at 64 KiB, every one at 1 MiB. A way in use that
+//     slows is then seen within kKept timed calls (12 calls of 64 KiB, 70 us); the long calls Note
+//     [Falling back within a call] is for are all timed, and the trials fall where they did: they
+//     count calls, not times.
+//   - The watch does not time a call's first kUnwatched copies of normal stores: it does not judge
+//     them.
+//   - Before the copy, less is done too: choose() weighs the times only once a trial falls due or a
+//     time came in (WayChoice::quiet_), and rank 0 stores the next way into its call line only where
+//     it changed, instead of reading its own line back (Note [Migrating lines]) and storing it again.
+// The same 64 KiB broadcast, 40 alternating runs of each, the median of each run's ratio to the
+// b609d2a run beside it: 1.028 before, 0.996 after (95% bootstrap interval 0.978-1.016), 1.001 with
+// the way fixed.
 #pragma once
 
 #include <cstddef>
@@ -206,11 +234,19 @@ class WayChoice {
   // its pace on its third call (Note [Streaming into the slots]), the slots on their second.
   static constexpr int kUncounted[kWays] = {1, 1, 2};
 
-  // The way of the call after the one being made, among the `allowed` ways (way_bit()s): each
-  // allowed way first (normal, streaming, single copy) for its kUncounted calls and one counted,
-  // then the way in use until another is clearly faster, but each other way for as many calls now
-  // and then (trials), the less often the slower it was. The first call goes the first allowed way.
-  Way choose(unsigned allowed);
+  // Where the way in use goes on steadily, rank 0 times one call in about this many ticks() of its
+  // calls, by the way's cost (Note [Timing a few calls]).
+  static constexpr double kUntimedTicks = 50000;
+
+  // The way of the call after the one being made, a call of `bytes` per rank, among the `allowed`
+  // ways (way_bit()s): each allowed way first (normal, streaming, single copy) for its kUncounted
+  // calls and one counted, then the way in use until another is clearly faster, but each other way
+  // for as many calls now and then (trials), the less often the slower it was. The first call goes
+  // the first allowed way.
+  Way choose(unsigned allowed, size_t bytes);
+  // Whether the call being made is timed (took()), as the last choose() decided with its way: every
+  // call but where the way in use goes on steadily (Note [Timing a few calls]).
+  bool timing() const { return timing_now_; }
   // What a call that went way `w` took per byte, in ticks(). Not counted: the first call, which
   // pays for first touches (page faults, cold caches) whichever way it goes, and the first
   // kUncounted calls of a way after another, which find the slots as that way left them (W=2, 1 MiB
@@ -230,6 +266,17 @@ class WayChoice {
   // Sets when way `w` is tried next, counting from call `from` (Note [Streaming into the slots]),
   // by its times so far and the way in use's.
   void schedule(Way w, uint64_t from);
+  Way decide(unsigned allowed);  // choose()'s way
+  // decide() weighed the times and found nothing to do before call quiet_until_ (the next trial), with
+  // the ways quiet_allowed_: until then, or until a time comes in, the way in use goes on.
+  bool quiet_ = false;
+  unsigned quiet_allowed_ = 0;
+  uint64_t quiet_until_ = 0;
+  bool timing_now_ = true;   // the call being made is timed
+  bool timing_next_ = true;  // the call decided last is
+  Way last_decided_ = Way::kNormal;
+  uint64_t decided_run_ = 0;  // calls decided in a row that go last_decided_
+  double untimed_ = 0;        // ticks() of the calls left untimed since the last timed one, by the way's cost
   Kept kept_[kWays];
   double peak_[kWays] = {};           // the slowest call of each way's last trial, or of the call back after it
   uint64_t next_try_[kWays] = {};     // the call that starts the next trial of each way; 0: none set
