@@ -274,6 +274,38 @@ TEST(WayChoice, RankZeroTimesOneCallInAFewWhereTheWayInUseGoesOn) {
   EXPECT_EQ(timed.size(), 100u);
 }
 
+// Calls of streaming stores may set off a slow spell of the normal stores after them (Note [A spell
+// after a trial]): the spell counts with the trial's own calls, and the next trial comes later.
+TEST(WayChoice, RankZeroTriesSeldomAWayWhoseCallsSetOffASpell) {
+  using shm::Way;
+  const unsigned stores = shm::way_bit(Way::kNormal) | shm::way_bit(Way::kStream);
+  // Streaming stores 1.7 times normal ones; after calls of them, the next `spell` counted calls of
+  // normal stores take as long.
+  auto cost = [](int spell) {
+    return [spell, left = 0](Way w, int) mutable {
+      if (w == Way::kStream) {
+        left = spell;
+        return 1.7;
+      }
+      return left-- > 0 ? 1.7 : 1.0;
+    };
+  };
+  // Without a spell, streaming is timed once in the first calls and tried again 32 calls later
+  // (kTryClose), then every 2 (s - 1) / 2% = 70 calls, then, with three times and its trials loud
+  // (kLoud), 256 calls apart.
+  shm::WayChoice quiet;
+  const std::vector<int> quiet_trials = {3, 4, 38, 39, 111, 112, 370, 371};
+  EXPECT_EQ(not_going(run_choice(quiet, stores, 400, cost(0)), Way::kNormal), quiet_trials);
+  // With a spell of 30 calls after them, the first calls count for their own 2 * 0.7 calls over
+  // normal stores' time and the window's 24 * 0.7: the next trial is (1.4 + 16.8) / 2% = 910 calls
+  // after the first call of the window.
+  shm::WayChoice spelled;
+  EXPECT_EQ(not_going(run_choice(spelled, stores, 1000, cost(30)), Way::kNormal), (std::vector<int>{3, 4, 915, 916}));
+  // A spell of 3 calls is not one: over the window's 24 calls, 3 * 0.7 is under kLoud.
+  shm::WayChoice short_spell;
+  EXPECT_EQ(not_going(run_choice(short_spell, stores, 400, cost(3)), Way::kNormal), quiet_trials);
+}
+
 // Each rank watches its own copies into the slots (Note [Falling back within a call]): normal
 // stores more than kFallBack times slower than its fastest streamed copy of such calls, kSlowInRow
 // copies in a row past the call's first kUnwatched, make the rest of the call's stores streaming

@@ -93,6 +93,23 @@ Way WayChoice::decide(unsigned allowed) {
 
 void WayChoice::took(Way w, double per_byte) {
   quiet_ = false;
+  // Note [A spell after a trial]: the window after another way's calls closes past its last call,
+  // or at a call of another way; the way in use's counted calls in it count.
+  if (after_end_ != 0 && (decided_ > after_end_ || w != use_)) close_window();
+  if (after_end_ != 0 && run_ + 1 > kUncounted[int(w)]) {
+    ++after_timed_;
+    if (per_byte > kLoud * after_base_) after_over_ += per_byte / after_base_ - 1;
+  }
+  // A call of the way in use after calls of another (a trial's, or the first calls'; not a change
+  // of way, whose first calls find the slots as the way left behind left them) opens one.
+  if (w == use_ && last_ != w && !leaving_ && after_end_ == 0 && cost(use_) > 0) {
+    after_way_ = last_;
+    after_from_ = decided_;
+    after_end_ = decided_ + kAfterCalls;
+    after_base_ = cost(use_);
+    after_over_ = 0;
+    after_timed_ = 0;
+  }
   run_ = w == last_ ? run_ + 1 : 1;
   last_ = w;
   // The way left behind goes on for the call decided before it was left: no trial, and its next
@@ -131,6 +148,17 @@ size_t WayChoice::timed(Way w) const {
   return n;
 }
 
+void WayChoice::close_window() {
+  // The calls' worth of time the window's calls took over the way in use's cost, by their mean over
+  // the window's calls (some are untimed: Note [Timing a few calls]); nothing where under kLoud.
+  const double over = after_timed_ > 0 ? after_over_ / double(after_timed_) : 0;
+  const double spell = over > kLoud - 1 ? over * double(kAfterCalls) : 0;
+  after_end_ = 0;
+  if (spell == spell_[int(after_way_)]) return;
+  spell_[int(after_way_)] = spell;
+  if (settled_ && after_way_ != use_) schedule(after_way_, after_from_);
+}
+
 void WayChoice::schedule(Way w, uint64_t from) {
   const double in_use = cost(use_);  // 0 where the way in use was not timed yet (the ways allowed changed)
   const double slower = in_use > 0 ? std::max(1.0, cost(w) / in_use) : 1.0;
@@ -149,10 +177,12 @@ void WayChoice::schedule(Way w, uint64_t from) {
   const bool sure = timed(w) >= kKept || (timed(w) == 2 && slower > kLoud);
   const bool loud = cold_most || (sure && slower > 1 && peak_[int(w)] > kLoud * in_use);
   const uint64_t loud_gap = !loud ? 0 : timed(w) >= kKept ? kTryLoud : kTryLoudOnTwo;
-  const double share_gap = std::max(2 * (slower - 1) / kTryShare, double(loud_gap));
+  // A spell its last calls set off in the way in use counts with them (Note [A spell after a trial]).
+  const double spell = spell_[int(w)];
+  const double share_gap = std::max((2 * (slower - 1) + spell) / kTryShare, double(loud_gap));
   const bool colder = first_timed_[int(use_)] == 0 || first_timed_[int(w)] < first_timed_[int(use_)];
   uint64_t gap = uint64_t(std::clamp(share_gap, double(kTryClose), double(kTryMost)));
-  if (timed(w) < 2 && !cold_most) gap = colder ? kTryLeast : kTryClose;
+  if (timed(w) < 2 && !cold_most && spell == 0) gap = colder ? kTryLeast : kTryClose;
   next_try_[int(w)] = from + gap;
   scheduled_[int(w)] = from;
 }

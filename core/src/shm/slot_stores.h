@@ -185,6 +185,25 @@
 // The same 64 KiB broadcast, 40 alternating runs of each, the median of each run's ratio to the
 // b609d2a run beside it: 1.028 before, 0.996 after (95% bootstrap interval 0.978-1.016), 1.001 with
 // the way fixed.
+//
+// Note [A spell after a trial]: on the Xeon VM (model 167) normal stores into the slots slow down
+// for 8 to more than 80 calls at a time, to streaming's pace (W=2, 1 MiB broadcast: 78-90 us a call
+// against 45-53), and such a spell comes after whatever pushes the slots' lines out of the caches,
+// calls of streaming stores above all. Rank 0's time of each of the 100 calls of a run, 50 runs: in
+// 48 a spell began 1 to 8 calls after a call of streaming stores, the first calls' or a trial's;
+// with normal stores fixed and two calls of streaming ones forced, in 5 runs of 8. So a trial costs
+// the spell after it too, which its own calls and the call back do not show: in runs of 2000 calls
+// of that broadcast, trials of streaming 70 and then 256 calls apart made the mean 58.4 us against
+// 49.6 with normal stores fixed (medians of 8 alternating runs' means). After calls of another way,
+// rank 0 watches the way in use's next kAfterCalls calls (a window, its counted calls among them):
+// their time over the way's cost before the window, where more than kLoud times that cost, stands
+// for a spell the other way set off, in calls of the way in use (spell_), and its trials come as
+// much later (schedule(): 2 (s - 1) + spell calls' worth is kTryShare of the calls between trials,
+// whatever its count of times). A spell of 0.7 over the window's 24 calls puts the next trial some
+// 900 calls later; a window with none clears it. The same runs: mean 51.1 us. A spell that came of
+// itself is taken for the trial's too, and the next trial comes late; a change of state that slows
+// the way in use is seen in its own times all the same, and one that speeds the other way up within
+// kTryMost calls.
 #pragma once
 
 #include <cstddef>
@@ -229,6 +248,9 @@ class WayChoice {
   // with two times, both more than kLoud times the way in use, kTryLoudOnTwo.
   static constexpr double kLoud = 1.1;
   static constexpr uint64_t kTryLoud = 256, kTryLoudOnTwo = 64;
+  // Calls of the way in use watched after another way's, for a slow spell they set off (Note [A
+  // spell after a trial]).
+  static constexpr uint64_t kAfterCalls = 24;
   // Calls of a way that are not counted where it follows another way (and at the first call): they
   // find the slots, or the pages the kernel pins, as the other way left them. A single copy reaches
   // its pace on its third call (Note [Streaming into the slots]), the slots on their second.
@@ -267,6 +289,15 @@ class WayChoice {
   // by its times so far and the way in use's.
   void schedule(Way w, uint64_t from);
   Way decide(unsigned allowed);  // choose()'s way
+  void close_window();           // Note [A spell after a trial]
+  // The window after calls of way after_way_, from call after_from_ to after_end_ (0: none open):
+  // the way in use's cost when it opened, and its counted calls in it, timed, and their time over
+  // that cost, in that cost, where more than kLoud times it.
+  Way after_way_ = Way::kNormal;
+  uint64_t after_from_ = 0, after_end_ = 0;
+  double after_base_ = 0, after_over_ = 0;
+  int after_timed_ = 0;
+  double spell_[kWays] = {};  // what a way's last calls set off, in calls of the way in use (0: nothing)
   // decide() weighed the times and found nothing to do before call quiet_until_ (the next trial), with
   // the ways quiet_allowed_: until then, or until a time comes in, the way in use goes on.
   bool quiet_ = false;
