@@ -93,25 +93,26 @@ Way WayChoice::decide(unsigned allowed) {
 
 void WayChoice::took(Way w, double per_byte) {
   quiet_ = false;
+  const Way before = last_;  // the way of the last call timed
+  run_ = w == before ? run_ + 1 : 1;
+  last_ = w;
   // Note [A spell after a trial]: the window after another way's calls closes past its last call,
   // or at a call of another way; the way in use's counted calls in it count.
   if (after_end_ != 0 && (decided_ > after_end_ || w != use_)) close_window();
-  if (after_end_ != 0 && run_ + 1 > kUncounted[int(w)]) {
+  if (after_end_ != 0 && run_ > kUncounted[int(w)]) {
     ++after_timed_;
     if (per_byte > kLoud * after_base_) after_over_ += per_byte / after_base_ - 1;
   }
   // A call of the way in use after calls of another (a trial's, or the first calls'; not a change
   // of way, whose first calls find the slots as the way left behind left them) opens one.
-  if (w == use_ && last_ != w && !leaving_ && after_end_ == 0 && cost(use_) > 0) {
-    after_way_ = last_;
+  if (w == use_ && before != w && !leaving_ && after_end_ == 0 && cost(use_) > 0) {
+    after_way_ = before;
     after_from_ = decided_;
     after_end_ = decided_ + kAfterCalls;
     after_base_ = cost(use_);
     after_over_ = 0;
     after_timed_ = 0;
   }
-  run_ = w == last_ ? run_ + 1 : 1;
-  last_ = w;
   // The way left behind goes on for the call decided before it was left: no trial, and its next
   // trial stays where choose() set it.
   const bool left = leaving_ && w == left_;
