@@ -26,18 +26,18 @@
 // The ranks cannot see which state they are in, so rank 0 measures: it times the staged calls of
 // at least kMinBytes per rank (ticks(), from its first store into a slot, or its first phase, to
 // its return; one in a few where the way in use goes on steadily, Note [Timing a few calls]), each
-// kind of call and size class apart (choice_index); keeps the last kKept times
-// of each way, of which the fastest counts (a call is only ever slowed, by a preemption or an
-// interrupt); and uses the fastest way, switching only where another is clearly faster
-// (kSwitchBelow: the other way's kept times span more calls, and their fastest is the luckier for
-// it). Not counted: the first call (first touches), and a call that goes another way than the one
-// before: it finds the slots as the other way left them, and is faster for it (W=2, 1 MiB
-// all_gather, 0.15 us state: 98-115 us on the first call after a change, 128-144 on the next
-// ones; counted, such calls made the choice swing between the two ways). A change of state is
-// noticed within kKept calls if it slows the way in use (and by each rank within a call where it
-// slows normal stores, Note [Falling back within a call]); to notice one that speeds up another
-// way, each other way is tried for two calls now and then, the more rarely the slower it was, so
-// that trials cost about kTryShare of the time (schedule(): a way 50% slower is tried every 50
+// kind of call and size class apart (choice_index); keeps the last kKept times of each way, of
+// which the fastest counts (a call is only ever slowed, by a preemption or an interrupt); and uses
+// the fastest way, switching only where another is clearly faster (kSwitchBelow: the other way's
+// kept times span more calls, and their fastest is the luckier for it). Not counted: the first
+// call (first touches), and a call that goes another way than the one before: it finds the slots
+// as the other way left them, and is faster for it (W=2, 1 MiB all_gather, 0.15 us state: 98-115
+// us on the first call after a change, 128-144 on the next ones; counted, such calls made the
+// choice swing between the two ways). A change of state is noticed within kKept timed calls if it
+// slows the way in use (and by each rank within a call where it slows normal stores, Note
+// [Falling back within a call]); to notice one that speeds up another way, each other way is
+// tried for two calls now and then, the more rarely the slower it was, so that trials cost about
+// kTryShare of the time (schedule(): a way 50% slower is tried every 50
 // calls, twice as slow every 100, ten times every 900), but a way timed only once is tried again
 // after kTryLeast calls: the first calls of a size run on buffers still warming up (memory
 // a process has not used for a while is slow for its first milliseconds, Note [Warm buffers] in
