@@ -12,9 +12,10 @@ Way WayChoice::choose(unsigned allowed, size_t bytes) {
   // Note [Timing a few calls]: steady where the way in use goes on past the calls a trial or a
   // change of way slows (the call back is timed for the trial's peak, the one after it counted),
   // and its cost is known; untimed_ then counts what the calls left untimed took, by that cost.
+  const double in_use = cost(use_);
   const bool steady = settled_ && next == use_ && trial_left_ == 0 && !leaving_ &&
-                      decided_run_ > uint64_t(kUncounted[int(use_)]) + 1 && cost(use_) > 0;
-  untimed_ = steady ? untimed_ + cost(use_) * double(bytes) : 0;
+                      decided_run_ > uint64_t(kUncounted[int(use_)]) + 1 && in_use > 0;
+  untimed_ = steady ? untimed_ + in_use * double(bytes) : 0;
   timing_next_ = !steady || untimed_ >= kUntimedTicks;
   if (timing_next_) untimed_ = 0;
   return next;
