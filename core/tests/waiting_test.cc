@@ -62,11 +62,13 @@ TEST(ShmGroups, RanksBoundToACoreEachCountTheirCoresTogether) {
   }));
 }
 
-// This rank bound to `cpu` in a world of the ranks (which notes them against the cores), and a group
-// of the same ranks in a call, after which every rank posted once from its CPU.
+// This rank bound to `cpu` (-1: not bound, and so placed) in a world of the ranks (which notes them
+// against the cores), and a group of the same ranks in a call, after which every rank posted once
+// from its CPU.
 struct BoundRanks {
   BoundRanks(RankContext& ctx, int cpu)
-      : world((bind_to_cpu(cpu), Communicator::create(ctx.store, ctx.rank, ctx.world, shm_options()))),
+      : world((cpu >= 0 ? bind_to_cpu(cpu) : void(),
+               Communicator::create(ctx.store, ctx.rank, ctx.world, shm_options()))),
         group(*ctx.store, ctx.rank, ctx.world, group_options()) {
     Call barrier{};  // a call's waits need its deadline
     barrier.start = Clock::now();
@@ -125,6 +127,56 @@ TEST(ShmGroups, OnlyRanksOnAnEmptierCpuYieldBrieflyToEvenOutALongCall) {
     g.sync();
     const auto brief = shm::SpinPolicy::for_group(4).to_even_out();
     RANK_CHECK(brief.yield_for == 100us, "on an emptier CPU a wait yields ", brief.yield_for.count(), " ns");
+  }));
+}
+
+// Note [Keeping the ranks even]: where the group's ranks are spread unevenly over the CPUs, a rank
+// off the CPU it was placed on moves back onto it, and checks again twice as many calls later;
+// spread evenly, the next check comes kEvenEvery calls later again. The ranks stay bound while they
+// count, or the scheduler might move them under the test (as it does beside other tests).
+TEST(ShmGroups, RanksSpreadUnevenlyMoveBackOntoTheirPlaces) {
+  if (shm::usable_cores() != 2) GTEST_SKIP() << "not 2 CPUs";
+  if (shm::bind_to() == "none") GTEST_SKIP() << "CHORUS_BIND_TO=none";
+  const std::vector<int> cpus = shm::parse_cpu_list(shm::usable_cpu_list());
+  expect_all_ok(run_ranks(4, [&](RankContext& ctx) {
+    BoundRanks placed(ctx, -1);  // in blocks: ranks 0 and 1 on the first CPU, 2 and 3 on the second
+    shm::ShmGroup& g = placed.group;
+    const int place = cpus[size_t(ctx.rank / 2)];
+    RANK_CHECK(shm::placed_cpu() == place, "rank ", ctx.rank, " of 4 placed on CPU ", shm::placed_cpu());
+    RANK_CHECK(g.next_even_check() == shm::ShmGroup::kEvenEvery, "first check at call ", g.next_even_check());
+    cpu_set_t all;
+    RANK_CHECK(sched_getaffinity(0, sizeof(all), &all) == 0, "no affinity");
+    // A rank stores its CPU after its phase (Note [Publish the phase first]): seen by the next phase.
+    auto run_on = [&](int cpu) {
+      bind_to_cpu(cpu);
+      g.sync();
+      g.sync();
+    };
+    const int crowded = cpus[ctx.rank == 3 ? 1 : 0];
+    run_on(crowded);  // three ranks on one CPU, rank 2 off its place
+    RANK_CHECK(g.spread_unevenly(), "3 ranks on CPU ", cpus[0], " and 1 on CPU ", cpus[1], " count as even");
+    g.sync();  // a rank posts from where it runs: each sync keeps the next step's counting from another's move
+    if (ctx.rank != 2) {  // on their places (and bound: the scheduler keeps them there)
+      RANK_CHECK(!g.keep_even(), "rank ", ctx.rank, " moved from CPU ", crowded, ", its place");
+      RANK_CHECK(g.next_even_check() == 1 + 2 * shm::ShmGroup::kEvenEvery, "next check at call ", g.next_even_check());
+    }
+    g.sync();
+    if (ctx.rank == 2) {  // free to move, it moves back, unless the scheduler moved it first: then again
+      bool moved = false;
+      for (int tries = 0; tries < 100 && !moved; ++tries) {
+        bind_to_cpu(crowded);
+        RANK_CHECK(sched_setaffinity(0, sizeof(all), &all) == 0, "not let go");
+        moved = g.keep_even();
+      }
+      RANK_CHECK(moved, "rank 2 never moved back onto CPU ", place, " from CPU ", crowded);
+    }
+    g.sync();
+    run_on(cpus[size_t(ctx.rank % 2)]);  // two and two, ranks 1 and 2 off their places
+    RANK_CHECK(!g.spread_unevenly(), "2 ranks on each CPU count as uneven");
+    g.keep_even();
+    RANK_CHECK(g.next_even_check() == 1 + shm::ShmGroup::kEvenEvery, "spread evenly, rank ", ctx.rank,
+               " checks next at call ", g.next_even_check());
+    g.sync();
   }));
 }
 

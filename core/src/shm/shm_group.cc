@@ -19,6 +19,7 @@ ShmGroup::ShmGroup(Store& store, int rank, int world, const BackendOptions& opti
            options.deadline, options.group_name),
       policy_(SpinPolicy::for_group(world)),
       even_out_policy_(policy_.to_even_out()),
+      cpus_(usable_cpus()),
       calls_(size_t(world)),
       stream_slots_(options.shm.stream_slots) {
   seg_.ctrl(rank_).cpu.store(cpu_ = sched_getcpu());  // else it reads 0 (CPU 0) until the first post()
@@ -69,6 +70,7 @@ void ShmGroup::start(const Call& call) {
   }
   ++call_;
   first_phase_ = phase_;
+  if (call_ >= next_even_ && policy_.crowded && policy_.spin_alone) keep_even();  // Note [Keeping the ranks even]
   RankControl& me = seg_.ctrl(rank_);
   const std::string& invalid = refused.empty() ? call.invalid : refused;
   CallDesc d = make_desc(call, call_);
@@ -211,19 +213,42 @@ bool ShmGroup::may_spin_for(int peer) {
   return true;
 }
 
-bool ShmGroup::on_emptier_cpu() {
-  const int32_t here = sched_getcpu();
-  auto cpu_of = [&](int q) { return q == rank_ ? here : seg_.ctrl(q).cpu.load(std::memory_order_relaxed); };
+int ShmGroup::count_ranks_on_cpus(int32_t here) {
   int most = 0;
   for (int q = 0; q < world_; ++q) {
-    const int32_t c = cpu_of(q);
+    const int32_t c = q == rank_ ? here : seg_.ctrl(q).cpu.load(std::memory_order_relaxed);
     if (c < 0) continue;
     if (size_t(c) >= ranks_on_cpu_.size()) ranks_on_cpu_.resize(size_t(c) + 1, 0);
     most = std::max(most, ++ranks_on_cpu_[size_t(c)]);
   }
+  return most;
+}
+
+bool ShmGroup::on_emptier_cpu() {
+  const int32_t here = sched_getcpu();
+  const int most = count_ranks_on_cpus(here);
   const int mine = here < 0 ? most : ranks_on_cpu_[size_t(here)];
   std::fill(ranks_on_cpu_.begin(), ranks_on_cpu_.end(), 0);
   return most >= mine + 2;
+}
+
+bool ShmGroup::spread_unevenly() {
+  const int most = count_ranks_on_cpus(sched_getcpu());
+  int least = most;
+  for (int c : cpus_) least = std::min(least, size_t(c) < ranks_on_cpu_.size() ? ranks_on_cpu_[size_t(c)] : 0);
+  std::fill(ranks_on_cpu_.begin(), ranks_on_cpu_.end(), 0);
+  return most >= least + 2;
+}
+
+bool ShmGroup::keep_even() {
+  if (placed_cpu() < 0) {  // never placed, never moved
+    next_even_ = UINT64_MAX;
+    return false;
+  }
+  const bool uneven = spread_unevenly();
+  even_every_ = uneven ? std::min(2 * even_every_, kEvenEveryMost) : kEvenEvery;
+  next_even_ = call_ + even_every_;
+  return uneven && back_to_block();
 }
 
 bool ShmGroup::posted(int p, uint32_t target) {

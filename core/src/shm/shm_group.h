@@ -125,6 +125,15 @@ class ShmGroup {
   // Whether this rank runs on a CPU that holds at least two fewer of the group's ranks than
   // another, by the CPUs they last posted from (Note [Evening out a long call]).
   bool on_emptier_cpu();
+  // Note [Keeping the ranks even]: whether, by the CPUs they last posted from, the group's ranks are
+  // spread unevenly over the CPUs (one holds at least two more than another); and, where they are and
+  // this rank was placed (place_once) but runs elsewhere, a move back onto its CPU: whether it moved.
+  // Crowded, a call's start does it every kEvenEvery calls, and twice as far apart after each check
+  // that finds them uneven, up to kEvenEveryMost: where the scheduler keeps them so, it has a reason.
+  bool spread_unevenly();
+  bool keep_even();
+  uint64_t next_even_check() const { return next_even_; }  // the call whose start checks next
+  static constexpr uint64_t kEvenEvery = 128, kEvenEveryMost = kEvenEvery << 10;
 
   // Waits until ready() for point-to-point call `c` with `peer`; `word` changes when ready()
   // may have become true. Throws like sync() does. Thread-safe: sends and receives on different
@@ -177,6 +186,9 @@ class ShmGroup {
   void compare();                            // Note [Comparing calls] on every rank's published call
   void wait_for(uint32_t target, int only);  // wait_all (only < 0) and wait_rank
   bool posted(int p, uint32_t target);       // whether peer p posted phase `target` of this call
+  // Counts the group's ranks on each CPU into ranks_on_cpu_ (which the caller clears) by the CPU
+  // each last posted from, this rank's as `here`: the most on one CPU.
+  int count_ranks_on_cpus(int32_t here);
   // Throws if the deadline passed, a peer in `awaited` died or left, or any peer aborted. A peer
   // that died or left is named only while still_waiting(peer) (when given) says this rank still
   // waits for it: it may have done its part just before it went (Note [Done, then gone]).
@@ -191,8 +203,10 @@ class ShmGroup {
   BackendOptions named_;  // name_rank(): how messages name a peer
   Segment seg_;
   SpinPolicy policy_;
-  SpinPolicy even_out_policy_;     // Note [Evening out a long call]
-  std::vector<int> ranks_on_cpu_;  // on_emptier_cpu()'s counts, by CPU
+  SpinPolicy even_out_policy_;                                 // Note [Evening out a long call]
+  std::vector<int> ranks_on_cpu_;                              // count_ranks_on_cpus(), by CPU
+  std::vector<int> cpus_;                                      // the CPUs this rank may use, as the group was made
+  uint64_t even_every_ = kEvenEvery, next_even_ = kEvenEvery;  // Note [Keeping the ranks even]
   PeerWatch watch_;
   uint32_t phase_ = 0;        // last phase this rank posted
   uint32_t first_phase_ = 0;  // phase_ when the current call started

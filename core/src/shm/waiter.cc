@@ -119,23 +119,39 @@ std::string bind_to() {
   return to ? to : "cores";
 }
 
-int place_in_blocks(int index, int ranks) {
-  if (bind_to() == "none") return -1;
+namespace {
+std::atomic<int> block_cpu{-1};  // where place_once moved this process (Note [Keeping the ranks even])
+
+// Moves this thread onto `cpu`, then lets it run on the CPUs it had again: the CPU it moved onto, or
+// -1 where it has one CPU, `cpu` is not one of them, or the kernel refused.
+int move_onto(int cpu) {
   cpu_set_t mine, one;
-  if (ranks < 1 || index < 0 || index >= ranks || sched_getaffinity(0, sizeof(mine), &mine) != 0 ||
-      CPU_COUNT(&mine) < 2)
+  if (cpu < 0 || sched_getaffinity(0, sizeof(mine), &mine) != 0 || CPU_COUNT(&mine) < 2 || !CPU_ISSET(cpu, &mine))
     return -1;
-  const std::vector<int> cpus = usable_cpus();
-  const int cpu = cpus[size_t(index) * cpus.size() / size_t(ranks)];
   CPU_ZERO(&one);
   CPU_SET(cpu, &one);
   if (sched_setaffinity(0, sizeof(one), &one) != 0) return -1;
   return sched_setaffinity(0, sizeof(mine), &mine) == 0 ? cpu : -1;  // the CPUs it had, from where it is now
 }
+}  // namespace
+
+int place_in_blocks(int index, int ranks) {
+  if (bind_to() == "none" || ranks < 1 || index < 0 || index >= ranks) return -1;
+  const std::vector<int> cpus = usable_cpus();
+  if (cpus.size() < 2) return -1;
+  return move_onto(cpus[size_t(index) * cpus.size() / size_t(ranks)]);
+}
 
 void place_once(int index, int ranks) {
   static std::once_flag placed;
-  std::call_once(placed, [index, ranks] { place_in_blocks(index, ranks); });
+  std::call_once(placed, [index, ranks] { block_cpu.store(place_in_blocks(index, ranks)); });
+}
+
+int placed_cpu() { return block_cpu.load(std::memory_order_relaxed); }
+
+bool back_to_block() {
+  const int cpu = placed_cpu();
+  return cpu >= 0 && sched_getcpu() != cpu && move_onto(cpu) == cpu;
 }
 
 int job_cores() { return std::max(usable_cores(), cpus_of_sharing_ranks.load()); }

@@ -141,6 +141,27 @@
 // compare.py's W=4 barrier took 1.86-1.93 us in all three runs. CHORUS_BIND_TO=none leaves ranks
 // where they are.
 //
+// Note [Keeping the ranks even]: placed, the ranks still move (Note [Ranks placed, not bound]): a rank
+// that sleeps in a long wait is placed anew as it wakes, and once the spread is uneven, ranks that
+// yield keep both CPUs busy and the scheduler's balancer rarely moves one back within a
+// measurement. Calls of one phase never reach Note [Evening out a long call], and an uneven spread
+// costs them most: bench/compare.py's W=8 8-byte broadcast, timed after its 1 MiB all_gather, took
+// 0.19-0.24 us in the runs where rank 0 (the root) shared its CPU with 4 or 5 other ranks, 0.06-0.10
+// in the others (Open MPI 0.16-0.18; 16 runs unplaced, each rank's CPU printed). So a crowded group
+// whose ranks all run on these cores checks every kEvenEvery (128) calls, at a call's start, how its
+// ranks spread over the CPUs by where each last posted from, and where one CPU holds at least two more
+// of them than another, each rank off the CPU it was placed on moves back onto it (and is free to run
+// anywhere again at once). Ranks started six and two instead of four and four (rank 0 among the six;
+// a scratch build), W=8, 8 alternating runs with and without: barrier median 4.0-4.2 us against
+// 8.7-9.4, 8-byte broadcast 0.06-0.08 against 0.19-0.24. Started as placed, ranks moved 0 or 1 times
+// in a run of compare.py's sizes up to 1 MiB. Beside a CPU-bound process the scheduler keeps ranks off
+// its CPU on purpose, and moving them back every 128 calls fought it: 50-150 moves per rank a run, and
+// W=8's p95s went up (barrier 17.8 and 48 us against 12.6 and 17.5 without). So a check that finds the
+// ranks uneven puts the next one twice as far off, up to kEvenEveryMost (1024 times), and one that
+// finds them even starts over: beside the process, 6 checks a run and 0-6 moves per rank, medians and
+// p95s as without (W=8 barrier 12.0 and 12.7 us, p95 14.2 and 17.4, against 11.4-11.7 and 12.3-13.3).
+// CHORUS_BIND_TO=none, which leaves the ranks unplaced, leaves them unmoved too.
+//
 // Note [Light posts]: a sleeper and a poster meet like Dekker's pair: the sleeper counts itself
 // in `waiters` and then reads the word, the poster writes the word and then reads `waiters`, and
 // each needs its write seen before its read, or the poster wakes nobody while the sleeper sleeps
@@ -223,6 +244,11 @@ std::string bind_to();
 // first time it is called in this process only.
 int place_in_blocks(int index, int ranks);
 void place_once(int index, int ranks);
+
+// Note [Keeping the ranks even]: the CPU place_once moved this process onto (-1: it did not), and a
+// move of the calling thread back onto it, if it runs elsewhere; whether it moved.
+int placed_cpu();
+bool back_to_block();
 
 // The CPUs the ranks of this job on this kernel may use between them: the most a group has noted,
 // at least this process's own.
