@@ -23,7 +23,8 @@ ShmGroup::ShmGroup(Store& store, int rank, int world, const BackendOptions& opti
       calls_(size_t(world)),
       stream_slots_(options.shm.stream_slots) {
   seg_.ctrl(rank_).cpu.store(cpu_ = sched_getcpu());  // else it reads 0 (CPU 0) until the first post()
-  light_posts_ = true;                                // Note [Light posts]: only if every rank can pair them
+  if (!policy_.crowded || !policy_.spin_alone) next_even_ = UINT64_MAX;  // Note [Keeping the ranks even]
+  light_posts_ = true;  // Note [Light posts]: only if every rank can pair them
   for (int r = 0; r < world; ++r) light_posts_ = light_posts_ && seg_.ctrl(r).fences.load() == 1;
   for (int r = 0; r < world; ++r)
     if (r != rank) watch_.watch(r, seg_.ctrl(r).pid.load());
@@ -70,7 +71,7 @@ void ShmGroup::start(const Call& call) {
   }
   ++call_;
   first_phase_ = phase_;
-  if (call_ >= next_even_ && policy_.crowded && policy_.spin_alone) keep_even();  // Note [Keeping the ranks even]
+  if (call_ >= next_even_) keep_even();  // Note [Keeping the ranks even]
   RankControl& me = seg_.ctrl(rank_);
   const std::string& invalid = refused.empty() ? call.invalid : refused;
   CallDesc d = make_desc(call, call_);
