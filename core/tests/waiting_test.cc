@@ -131,9 +131,10 @@ TEST(ShmGroups, OnlyRanksOnAnEmptierCpuYieldBrieflyToEvenOutALongCall) {
 }
 
 // Note [Keeping the ranks even]: where the group's ranks are spread unevenly over the CPUs, a rank
-// off the CPU it was placed on moves back onto it, and checks again twice as many calls later;
-// spread evenly, the next check comes kEvenEvery calls later again. The ranks stay bound while they
-// count, or the scheduler might move them under the test (as it does beside other tests).
+// off its place moves onto it, unless more threads are runnable than the group has ranks, and
+// checks again twice as many calls later; spread evenly, the next check comes kEvenEvery calls later
+// again. The ranks stay bound while they count, or the scheduler might move them under the test
+// (as it does beside other tests), and the test says how many threads are runnable (others may be).
 TEST(ShmGroups, RanksSpreadUnevenlyMoveBackOntoTheirPlaces) {
   if (shm::usable_cores() != 2) GTEST_SKIP() << "not 2 CPUs";
   if (shm::bind_to() == "none") GTEST_SKIP() << "CHORUS_BIND_TO=none";
@@ -142,7 +143,8 @@ TEST(ShmGroups, RanksSpreadUnevenlyMoveBackOntoTheirPlaces) {
     BoundRanks placed(ctx, -1);  // in blocks: ranks 0 and 1 on the first CPU, 2 and 3 on the second
     shm::ShmGroup& g = placed.group;
     const int place = cpus[size_t(ctx.rank / 2)];
-    RANK_CHECK(shm::placed_cpu() == place, "rank ", ctx.rank, " of 4 placed on CPU ", shm::placed_cpu());
+    RANK_CHECK(shm::placed() && g.place() == place, "rank ", ctx.rank, " of 4 ", shm::placed() ? "" : "not ",
+               "placed, its place CPU ", g.place());
     RANK_CHECK(g.next_even_check() == shm::ShmGroup::kEvenEvery, "first check at call ", g.next_even_check());
     cpu_set_t all;
     RANK_CHECK(sched_getaffinity(0, sizeof(all), &all) == 0, "no affinity");
@@ -152,32 +154,41 @@ TEST(ShmGroups, RanksSpreadUnevenlyMoveBackOntoTheirPlaces) {
       g.sync();
       g.sync();
     };
+    int (*none_but_the_ranks)() = [] { return 4; };  // runnable threads, as keep_even asks
+    int (*one_more)() = [] { return 5; };
     const int crowded = cpus[ctx.rank == 3 ? 1 : 0];
     run_on(crowded);  // three ranks on one CPU, rank 2 off its place
     RANK_CHECK(g.spread_unevenly(), "3 ranks on CPU ", cpus[0], " and 1 on CPU ", cpus[1], " count as even");
     g.sync();  // a rank posts from where it runs: each sync keeps the next step's counting from another's move
     if (ctx.rank != 2) {  // on their places (and bound: the scheduler keeps them there)
-      RANK_CHECK(!g.keep_even(), "rank ", ctx.rank, " moved from CPU ", crowded, ", its place");
+      RANK_CHECK(!g.keep_even(none_but_the_ranks), "rank ", ctx.rank, " moved from CPU ", crowded, ", its place");
       RANK_CHECK(g.next_even_check() == 1 + 2 * shm::ShmGroup::kEvenEvery, "next check at call ", g.next_even_check());
     }
     g.sync();
     if (ctx.rank == 2) {  // free to move, it moves back, unless the scheduler moved it first: then again
+      RANK_CHECK(sched_setaffinity(0, sizeof(all), &all) == 0, "not let go");
+      RANK_CHECK(!g.keep_even(one_more), "rank 2 moved while a fifth thread was runnable");
       bool moved = false;
       for (int tries = 0; tries < 100 && !moved; ++tries) {
         bind_to_cpu(crowded);
         RANK_CHECK(sched_setaffinity(0, sizeof(all), &all) == 0, "not let go");
-        moved = g.keep_even();
+        moved = g.keep_even(none_but_the_ranks);
       }
       RANK_CHECK(moved, "rank 2 never moved back onto CPU ", place, " from CPU ", crowded);
     }
     g.sync();
     run_on(cpus[size_t(ctx.rank % 2)]);  // two and two, ranks 1 and 2 off their places
     RANK_CHECK(!g.spread_unevenly(), "2 ranks on each CPU count as uneven");
-    g.keep_even();
+    g.keep_even(none_but_the_ranks);
     RANK_CHECK(g.next_even_check() == 1 + shm::ShmGroup::kEvenEvery, "spread evenly, rank ", ctx.rank,
                " checks next at call ", g.next_even_check());
     g.sync();
   }));
+}
+
+TEST(ShmGroups, RunnableThreadsCountThisOne) {
+  const int runnable = shm::runnable_now();
+  EXPECT_GE(runnable, 1) << "/proc/loadavg: " << runnable << " runnable";
 }
 
 TEST(ShmGroups, CpuListsReadBack) {

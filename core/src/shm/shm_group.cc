@@ -241,15 +241,19 @@ bool ShmGroup::spread_unevenly() {
   return most >= least + 2;
 }
 
-bool ShmGroup::keep_even() {
-  if (placed_cpu() < 0) {  // never placed, never moved
+int ShmGroup::place() const { return cpus_.empty() ? -1 : cpus_[size_t(rank_) * cpus_.size() / size_t(world_)]; }
+
+bool ShmGroup::keep_even(int (*runnable)()) {
+  if (!placed()) {  // never placed, never moved
     next_even_ = UINT64_MAX;
     return false;
   }
   const bool uneven = spread_unevenly();
   even_every_ = uneven ? std::min(2 * even_every_, kEvenEveryMost) : kEvenEvery;
   next_even_ = call_ + even_every_;
-  return uneven && back_to_block();
+  // Only while nothing but the group's ranks wants the CPUs: beside a busy process the scheduler keeps
+  // ranks off its CPU for a reason.
+  return uneven && sched_getcpu() != place() && runnable() <= world_ && move_onto(place()) >= 0;
 }
 
 bool ShmGroup::posted(int p, uint32_t target) {

@@ -126,12 +126,16 @@ class ShmGroup {
   // another, by the CPUs they last posted from (Note [Evening out a long call]).
   bool on_emptier_cpu();
   // Note [Keeping the ranks even]: whether, by the CPUs they last posted from, the group's ranks are
-  // spread unevenly over the CPUs (one holds at least two more than another); and, where they are and
-  // this rank was placed (place_once) but runs elsewhere, a move back onto its CPU: whether it moved.
+  // spread unevenly over the CPUs (one holds at least two more than another); this rank's place, its
+  // share of the CPUs as place_in_blocks counts it by its rank in the group; and, where the ranks are
+  // spread unevenly and this process was placed (place_once) but this rank runs off its place, a
+  // move onto it, unless more threads are runnable than the group has ranks (`runnable`: how many
+  // are now): whether it moved.
   // Crowded, a call's start does it every kEvenEvery calls, and twice as far apart after each check
   // that finds them uneven, up to kEvenEveryMost: where the scheduler keeps them so, it has a reason.
   bool spread_unevenly();
-  bool keep_even();
+  int place() const;
+  bool keep_even(int (*runnable)() = runnable_now);
   uint64_t next_even_check() const { return next_even_; }  // the call whose start checks next
   static constexpr uint64_t kEvenEvery = 128, kEvenEveryMost = kEvenEvery << 10;
 

@@ -1,5 +1,6 @@
 #include "shm/waiter.h"
 
+#include <fcntl.h>
 #include <linux/futex.h>
 #include <linux/membarrier.h>
 #include <sys/syscall.h>
@@ -8,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -120,10 +122,9 @@ std::string bind_to() {
 }
 
 namespace {
-std::atomic<int> block_cpu{-1};  // where place_once moved this process (Note [Keeping the ranks even])
+std::atomic<bool> was_placed{false};  // Note [Keeping the ranks even]
+}  // namespace
 
-// Moves this thread onto `cpu`, then lets it run on the CPUs it had again: the CPU it moved onto, or
-// -1 where it has one CPU, `cpu` is not one of them, or the kernel refused.
 int move_onto(int cpu) {
   cpu_set_t mine, one;
   if (cpu < 0 || sched_getaffinity(0, sizeof(mine), &mine) != 0 || CPU_COUNT(&mine) < 2 || !CPU_ISSET(cpu, &mine))
@@ -133,7 +134,6 @@ int move_onto(int cpu) {
   if (sched_setaffinity(0, sizeof(one), &one) != 0) return -1;
   return sched_setaffinity(0, sizeof(mine), &mine) == 0 ? cpu : -1;  // the CPUs it had, from where it is now
 }
-}  // namespace
 
 int place_in_blocks(int index, int ranks) {
   if (bind_to() == "none" || ranks < 1 || index < 0 || index >= ranks) return -1;
@@ -144,14 +144,22 @@ int place_in_blocks(int index, int ranks) {
 
 void place_once(int index, int ranks) {
   static std::once_flag placed;
-  std::call_once(placed, [index, ranks] { block_cpu.store(place_in_blocks(index, ranks)); });
+  std::call_once(placed, [index, ranks] { was_placed.store(place_in_blocks(index, ranks) >= 0); });
 }
 
-int placed_cpu() { return block_cpu.load(std::memory_order_relaxed); }
+bool placed() { return was_placed.load(std::memory_order_relaxed); }
 
-bool back_to_block() {
-  const int cpu = placed_cpu();
-  return cpu >= 0 && sched_getcpu() != cpu && move_onto(cpu) == cpu;
+int runnable_now() {
+  // /proc/loadavg: "0.52 0.58 0.59 3/412 12345", the fourth field runnable/all.
+  const int fd = ::open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  char text[128];
+  const ssize_t n = ::read(fd, text, sizeof(text) - 1);
+  ::close(fd);
+  if (n <= 0) return -1;
+  text[n] = '\0';
+  int runnable = -1, all = 0;
+  return std::sscanf(text, "%*f %*f %*f %d/%d", &runnable, &all) == 2 ? runnable : -1;
 }
 
 int job_cores() { return std::max(usable_cores(), cpus_of_sharing_ranks.load()); }

@@ -150,8 +150,13 @@
 // in the others (Open MPI 0.16-0.18; 16 runs unplaced, each rank's CPU printed). So a crowded group
 // whose ranks all run on these cores checks every kEvenEvery (128) calls, at a call's start, how its
 // ranks spread over the CPUs by where each last posted from, and where one CPU holds at least two more
-// of them than another, each rank off the CPU it was placed on moves back onto it (and is free to run
-// anywhere again at once). Ranks started six and two instead of four and four (rank 0 among the six;
+// of them than another, each rank off its place moves onto it (and is free to run anywhere again at
+// once). Its place is its share of the CPUs by its rank in the group, as place_in_blocks counts it:
+// in the group that placed it, the CPU it was placed on; in a job that recovers in process with its
+// ranks renumbered (chorus/elastic.h), its share by its new rank, where its first placement (place_once
+// places a process once) would not spread the survivors evenly.
+// Any group's places spread its ranks evenly, so two groups of the same ranks in different orders
+// do not undo each other's moves: the second finds them even. Ranks started six and two instead of four and four (rank 0 among the six;
 // a scratch build), W=8, 8 alternating runs with and without: barrier median 4.0-4.2 us against
 // 8.7-9.4, 8-byte broadcast 0.06-0.08 against 0.19-0.24. Started as placed, ranks moved 0 or 1 times
 // in a run of compare.py's sizes up to 1 MiB. Beside a CPU-bound process the scheduler keeps ranks off
@@ -245,10 +250,15 @@ std::string bind_to();
 int place_in_blocks(int index, int ranks);
 void place_once(int index, int ranks);
 
-// Note [Keeping the ranks even]: the CPU place_once moved this process onto (-1: it did not), and a
-// move of the calling thread back onto it, if it runs elsewhere; whether it moved.
-int placed_cpu();
-bool back_to_block();
+// Whether place_once moved this process: its ranks may be moved (Note [Keeping the ranks even]).
+bool placed();
+
+// How many threads of this kernel are runnable now, this one included (-1: it will not say).
+int runnable_now();
+
+// Moves this thread onto `cpu`, then lets it run on the CPUs it had again: the CPU it moved onto, or
+// -1 where it has one CPU, `cpu` is not one of them, or the kernel refused.
+int move_onto(int cpu);
 
 // The CPUs the ranks of this job on this kernel may use between them: the most a group has noted,
 // at least this process's own.
