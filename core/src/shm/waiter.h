@@ -149,22 +149,28 @@
 // 0.19-0.24 us in the runs where rank 0 (the root) shared its CPU with 4 or 5 other ranks, 0.06-0.10
 // in the others (Open MPI 0.16-0.18; 16 runs unplaced, each rank's CPU printed). So a crowded group
 // whose ranks all run on these cores checks every kEvenEvery (128) calls, at a call's start, how its
-// ranks spread over the CPUs by where each last posted from, and where one CPU holds at least two more
-// of them than another, each rank off its place moves onto it (and is free to run anywhere again at
-// once). Its place is its share of the CPUs by its rank in the group, as place_in_blocks counts it:
-// in the group that placed it, the CPU it was placed on; in a job that recovers in process with its
-// ranks renumbered (chorus/elastic.h), its share by its new rank, where its first placement (place_once
-// places a process once) would not spread the survivors evenly.
-// Any group's places spread its ranks evenly, so two groups of the same ranks in different orders
-// do not undo each other's moves: the second finds them even. Ranks started six and two instead of four and four (rank 0 among the six;
-// a scratch build), W=8, 8 alternating runs with and without: barrier median 4.0-4.2 us against
-// 8.7-9.4, 8-byte broadcast 0.06-0.08 against 0.19-0.24. Started as placed, ranks moved 0 or 1 times
-// in a run of compare.py's sizes up to 1 MiB. Beside a CPU-bound process the scheduler keeps ranks off
-// its CPU on purpose, and moving them back every 128 calls fought it: 50-150 moves per rank a run, and
-// W=8's p95s went up (barrier 17.8 and 48 us against 12.6 and 17.5 without). So a check that finds the
-// ranks uneven puts the next one twice as far off, up to kEvenEveryMost (1024 times), and one that
-// finds them even starts over: beside the process, 6 checks a run and 0-6 moves per rank, medians and
-// p95s as without (W=8 barrier 12.0 and 12.7 us, p95 14.2 and 17.4, against 11.4-11.7 and 12.3-13.3).
+// ranks spread over the CPUs by where each last posted from, and where one CPU holds at least two
+// more of them than another, each rank off its place moves onto it (and is free to run anywhere
+// again at once). Ranks started six and two instead of four and four (rank 0 among the six; a
+// scratch build), W=8, 8 alternating runs with and without: barrier median 4.0-4.2 us against
+// 7.3-9.4, 8-byte broadcast 0.06-0.08 against 0.19-0.22. Started as placed, ranks moved 0 or 1
+// times in a run of compare.py's sizes up to 1 MiB.
+// A rank's place is its share of the CPUs by its rank in the group, as place_in_blocks counts it: in
+// the group that placed it, the CPU it was placed on; in a job that recovers in process with its
+// ranks renumbered (chorus/elastic.h), its share by its new rank, where its first placement
+// (place_once places a process once) would not spread the survivors evenly. Any group's places
+// spread its ranks evenly, so two groups of the same ranks in different orders do not undo each
+// other's moves: the second finds them even.
+// Beside a CPU-bound process the scheduler keeps ranks off its CPU on purpose, and moving them back
+// every 128 calls fought it: 50-150 moves per rank a run, and W=8's p95s went up (barrier 17.8 and
+// 48 us against 12.6 and 17.5 without). So no rank moves while more threads are runnable on this
+// kernel than the group has ranks (/proc/loadavg, read only where a rank would move), and a check
+// that finds the ranks uneven puts the next one twice as far off, up to kEvenEveryMost (1024
+// times), one that finds them even starting over. Ranks asleep in a wait are not runnable, so a rank
+// may still move beside the process while some sleep; W=4's small calls there took what they took
+// before (5 alternating runs against b72ece4, median / p95: barrier 4.12 / 7.89 us against
+// 4.14 / 6.99, 8-byte all_reduce 4.37 / 6.93 against 4.37 / 7.63). On a machine whose other CPUs
+// run other jobs' threads the count is seldom that low, and ranks seldom move there either.
 // CHORUS_BIND_TO=none, which leaves the ranks unplaced, leaves them unmoved too.
 //
 // Note [Light posts]: a sleeper and a poster meet like Dekker's pair: the sleeper counts itself
