@@ -29,6 +29,10 @@
 // median of 20,000 calls, 4 interleaved runs with and without one round of 16 pauses: barrier
 // 4.2-6.4 -> 3.3-3.6 us, 8-byte all_reduce 4.3-4.9 -> 3.5-3.6. Four later runs beside Open MPI's
 // (bench/mpi_tail.c): barrier 2.9-4.5 against 3.0-4.9, 8-byte all_reduce 3.0-3.5 against 3.4-7.4.
+// Nor 64 plain reads before the first yield, which a wait that may spin makes: 4. Xeon VM, W=4 on 2
+// cores, placed two to a core, rank 0's median of 1000 calls, 6 alternating rounds: barrier
+// 1.65-1.67 us against 1.77-1.84, 8-byte all_reduce 1.71-1.75 against 1.84-1.90 (one read: the
+// same as four); W=8, 3 rounds: barrier 4.02-4.15 against 4.26-5.54.
 // The yielding is shorter too, 1 ms against 2 when every rank has a core. A thread in sched_yield
 // stays runnable, and the fair scheduler may give it its share of a core, taken from the ranks that
 // compute: on a Zen VM a DDP step at W=4 on 2 cores, whose collectives wait on peers still in their
@@ -302,7 +306,9 @@ inline bool may_spin(const std::atomic<int32_t>& peer_cpu) { return !ran_here(pe
 template <class Ready, class Check>
 void wait_until(Ready&& ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& waiters, const SpinPolicy& policy,
                 bool spin, Check&& check) {
-  for (int i = 0; i < 64; ++i)  // the first rounds react at once
+  // The first rounds react at once; a wait that may not spin yields after 4 (Note [Waiting with more
+  // ranks than cores]).
+  for (int i = 0; i < (spin ? 64 : 4); ++i)
     if (ready()) return;
   if (spin && policy.spin_for > Clock::duration::zero()) {
     const auto spin_until = Clock::now() + policy.spin_for;
