@@ -241,7 +241,7 @@ bool ShmGroup::spread_unevenly() {
   return most >= least + 2;
 }
 
-int ShmGroup::place() const { return cpus_.empty() ? -1 : cpus_[size_t(rank_) * cpus_.size() / size_t(world_)]; }
+int ShmGroup::place() const { return share_of_cpus(cpus_, rank_, world_); }
 
 bool ShmGroup::keep_even(int (*runnable)()) {
   if (!placed()) {  // never placed, never moved

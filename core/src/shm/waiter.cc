@@ -135,11 +135,15 @@ int move_onto(int cpu) {
   return sched_setaffinity(0, sizeof(mine), &mine) == 0 ? cpu : -1;  // the CPUs it had, from where it is now
 }
 
+int share_of_cpus(const std::vector<int>& cpus, int index, int ranks) {
+  if (cpus.empty() || ranks < 1 || index < 0 || index >= ranks) return -1;
+  return cpus[size_t(index) * cpus.size() / size_t(ranks)];
+}
+
 int place_in_blocks(int index, int ranks) {
-  if (bind_to() == "none" || ranks < 1 || index < 0 || index >= ranks) return -1;
+  if (bind_to() == "none") return -1;
   const std::vector<int> cpus = usable_cpus();
-  if (cpus.size() < 2) return -1;
-  return move_onto(cpus[size_t(index) * cpus.size() / size_t(ranks)]);
+  return cpus.size() < 2 ? -1 : move_onto(share_of_cpus(cpus, index, ranks));
 }
 
 void place_once(int index, int ranks) {

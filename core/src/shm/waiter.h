@@ -256,8 +256,9 @@ std::string bind_to();
 // CPUs, onto its share of them (ranks in order, consecutive ranks together), then lets it run on
 // all of them again, where the scheduler leaves it until it balances otherwise. The CPU it moved
 // onto; -1 where it has one CPU, the kernel refused, or CHORUS_BIND_TO=none. place_once does it the
-// first time it is called in this process only.
+// first time it is called in this process only. share_of_cpus is that share, of `cpus` (-1: none).
 int place_in_blocks(int index, int ranks);
+int share_of_cpus(const std::vector<int>& cpus, int index, int ranks);
 void place_once(int index, int ranks);
 
 // Whether place_once moved this process: its ranks may be moved (Note [Keeping the ranks even]).
