@@ -196,6 +196,32 @@ TEST(WayChoice, RankZeroReadsThePeersWhereThatWasFaster) {
       std::vector<int>{});
 }
 
+// Where a call's copies out may stream, that is a fourth way (Note [Streaming out with the slots]):
+// normal stores into the slots, streaming ones out of them. It is timed after the others, and
+// taken where it was the fastest; its calls stream their copies out, and only its calls and those
+// whose group's buffers outgrow the caches do.
+TEST(WayChoice, RankZeroStreamsTheCopiesOutWhereThatWasFaster) {
+  using shm::Way;
+  const unsigned all = shm::way_bit(Way::kNormal) | shm::way_bit(Way::kStream) | shm::way_bit(Way::kStreamOut);
+  shm::WayChoice choice;
+  auto went = run_choice(choice, all, 200, [](Way w, int) {
+    return w == Way::kStreamOut ? 1.0 : w == Way::kNormal ? 1.2 : 2.0;
+  });
+  // Normal stores, the fastest timed while the fourth way's counted call runs, then the fourth way.
+  EXPECT_EQ(std::vector<Way>(went.begin(), went.begin() + 8),
+            (std::vector<Way>{Way::kNormal, Way::kNormal, Way::kStream, Way::kStream, Way::kStreamOut, Way::kStreamOut,
+                              Way::kNormal, Way::kStreamOut}));
+  EXPECT_GT(std::count(went.begin(), went.end(), Way::kStreamOut), 180);
+  shm::SlotStores s;
+  for (Way w : {Way::kNormal, Way::kStream, Way::kSingleCopy, Way::kStreamOut}) {
+    s.way = w;
+    EXPECT_EQ(s.stream_out(false), w == Way::kStreamOut) << int(w);
+    EXPECT_TRUE(s.stream_out(true)) << int(w);
+  }
+  s.way = Way::kStreamOut;
+  EXPECT_FALSE(s.stream());  // its stores into the slots are normal ones
+}
+
 // A single copy after calls through the slots reaches its pace on its third call in a row (Note
 // [Streaming into the slots]): timed on its second, 30% slower there, it would never be taken
 // where it is 8% faster. Its trials are three calls, the third counted.

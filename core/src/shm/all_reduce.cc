@@ -136,9 +136,10 @@ void all_reduce_ring(ShmGroup& g, const Call& c, bool streams) {
   auto& srcs = source_list(world);
   const RoundParts parts(c.count, std::min(g.slot_bytes(), kRingRoundBytes / size_t(world)) / es, es, world);
   const size_t rounds = parts.rounds();
-  const bool stream = streams && c.in != c.out;      // Note [Streaming stores]
-  SlotStores stores = g.slot_stores(c.kind, bytes);  // Note [Streaming into the slots]
-  const uint32_t base = g.phase();                   // round k's step s is phase base + 1 + k W + s
+  // Note [Streaming into the slots]; in place, copies out store normally (Note [Streaming stores]).
+  SlotStores stores = g.slot_stores(c.kind, bytes, {.stream_out = !streams && c.in != c.out});
+  const bool stream = stores.stream_out(streams) && c.in != c.out;
+  const uint32_t base = g.phase();  // round k's step s is phase base + 1 + k W + s
   const int prev = (me + world - 1) % world;
   for (size_t k = 0; k <= rounds; ++k) {
     if (k >= 1) {  // the previous round's parts, each whole in the slot of its last folder
@@ -223,8 +224,9 @@ void all_reduce(ShmGroup& g, const Call& c) {
   const size_t round_bytes = std::min(g.slot_bytes(), std::max(g.chunk_bytes(), kGroupRoundBytes / size_t(world)));
   const RoundParts parts(c.count, round_bytes / ((size_t(world) + 1) * es), es, world);
   const size_t per_round = parts.per_round, folded_at = per_round * es, rounds = parts.rounds();
-  const bool stream = streams && c.in != c.out;      // Note [Streaming stores]
-  SlotStores stores = g.slot_stores(c.kind, bytes);  // Note [Streaming into the slots]
+  // Note [Streaming into the slots]; in place, copies out store normally (Note [Streaming stores]).
+  SlotStores stores = g.slot_stores(c.kind, bytes, {.stream_out = !streams && c.in != c.out});
+  const bool stream = stores.stream_out(streams) && c.in != c.out;
   for (size_t k = 0; k <= rounds; ++k) {
     if (k < rounds) {
       uint8_t* slot = g.write_slot();

@@ -90,8 +90,8 @@ namespace {
 constexpr size_t kPlaceEntries = 1024;
 constexpr size_t kPlaceTableBytes = kPlaceEntries * sizeof(uint32_t);
 
-// Note [Broadcast through every slot]. `stream`: the readers' copies out stream (broadcast()).
-void broadcast_through_ring(ShmGroup& g, const Call& c, uint8_t* buf, size_t bytes, bool stream) {
+// Note [Broadcast through every slot]. `streams`: the group's buffers outgrow the caches (broadcast()).
+void broadcast_through_ring(ShmGroup& g, const Call& c, uint8_t* buf, size_t bytes, bool streams) {
   const bool root = g.rank() == c.root;
   const size_t ring = g.slot_count();
   // Note [A ring the message outgrows]: one chunk per slot when the slots cannot hold it all.
@@ -99,9 +99,10 @@ void broadcast_through_ring(ShmGroup& g, const Call& c, uint8_t* buf, size_t byt
   const size_t chunk = outgrows ? g.chunk_bytes() : g.slot_bytes();
   const size_t rounds = rounds_for(bytes, chunk);
   const uint32_t base = g.phase();
-  const size_t first = g.write_slot_index(c.root);   // the only slot free before the first sync
-  if (outgrows) g.reserve_stage();                   // Note [Past the slots into the staging area]
-  SlotStores stores = g.slot_stores(c.kind, bytes);  // Note [Streaming into the slots]
+  const size_t first = g.write_slot_index(c.root);  // the only slot free before the first sync
+  if (outgrows) g.reserve_stage();                  // Note [Past the slots into the staging area]
+  SlotStores stores = g.slot_stores(c.kind, bytes, {.stream_out = !streams});  // Note [Streaming into the slots]
+  const bool stream = stores.stream_out(streams);                              // the readers' copies out
   if (root) stores.copy_in(g.slot_at(first), buf, in_round(bytes, chunk, 0));
   g.sync();  // phase base + 1: everyone is in the call; chunk 0 is in
   g.learn_slot_stores(stores);
@@ -170,9 +171,10 @@ void broadcast(ShmGroup& g, const Call& c) {
   }
   const size_t chunk = g.slot_bytes();
   const size_t rounds = rounds_for(bytes, chunk);
-  const bool stream = streams_out(bytes, bytes * size_t(g.world()));  // Note [Streaming stores]
-  if (rounds > 2) return broadcast_through_ring(g, c, buf, bytes, stream);
-  SlotStores stores = g.slot_stores(c.kind, bytes);  // Note [Streaming into the slots]
+  const bool streams = streams_out(bytes, bytes * size_t(g.world()));  // Note [Streaming stores]
+  if (rounds > 2) return broadcast_through_ring(g, c, buf, bytes, streams);
+  SlotStores stores = g.slot_stores(c.kind, bytes, {.stream_out = !streams});  // Note [Streaming into the slots]
+  const bool stream = stores.stream_out(streams);
   for (size_t k = 0; k < rounds; ++k) {
     const size_t n = in_round(bytes, chunk, k);
     if (root) stores.copy_in(g.write_slot(), buf + k * chunk, n);

@@ -27,6 +27,24 @@
 // 3.29 against 3.51 (10), but W=4 broadcast (64 MiB) 2.07 against 1.70 (10; 2.08 against 1.76 in
 // 10 more). So a call also streams where it touches kStreamLastLevel times the last-level cache
 // the CPU reports, between the 64 and 96 MiB of that VM (stream_group_bytes).
+//
+// Note [Streaming out with the slots]: what the caches hold for a call is not fixed either. The
+// host's other tenants share that 480 MiB, and in the Xeon VM's slow spells of memory the rule
+// above cost W=2's 16 MiB calls what b609d2a's (streaming out from 4 MiB a rank) did not:
+// chorus-bench, alternating rounds on 2026-12-06, all_reduce 3.35 against 3.03 ms and all_gather
+// 4.83 against 3.96 (12 rounds); a build at each commit between them put the all_gather's loss at
+// this rule (afd3804: 0.98 of b609d2a's speed before, 0.81 after). Copies out forced to stream
+// there (the rule at 32 MiB, 8 rounds): all_reduce 3.08 ms, all_gather 3.99, b609d2a 3.09 and
+// 3.92; but the broadcast 1.49 against 1.34 with normal stores. Nor do copies out go with the
+// stores into the slots: streaming both, the all_reduce took 3.81-3.86 ms, where normal stores
+// into the slots (whose lines the peer's cache takes) and streaming ones out were the fastest.
+// So where the rule leaves a call of kStreamMinBytes or more a rank to normal stores out, rank 0
+// times a fourth way beside the others (Note [Streaming into the slots]): normal stores into the
+// slots, streaming ones out (Way::kStreamOut, SlotStores::stream_out()). In place, an all_reduce
+// copies out normally whatever the way. The same session, 8 alternating rounds against b609d2a and
+// the build before (f43e210): all_reduce 3.60 ms against 3.19 and 3.81, all_gather 4.33 against
+// 4.04 and 5.26, broadcast 1.49 against 1.63 and 1.37: 16 MiB takes a few calls of each way to
+// choose, within chorus-bench's 20.
 #pragma once
 
 #include <cstddef>

@@ -116,11 +116,13 @@ void gather(ShmGroup& g, const Call& c) {
   if (all_gather && c.outs.empty() && g.symmetric_made() != 0 && displ.back() * es >= kDirectMinBytes &&
       all_gather_direct(g, c, displ, stream))
     return;
-  SlotStores stores = g.slot_stores(c.kind, most * es, all_gather);  // Note [Streaming into the slots]
+  SlotStores stores =  // Note [Streaming into the slots]
+      g.slot_stores(c.kind, most * es, {.read_peers = all_gather, .stream_out = gets && !stream});
   if (stores.way == Way::kSingleCopy) {
     if (all_gather_single_copy(g, c, displ, block, stores)) return g.slot_stores_done(stores, most * es);
     stores = {};  // normal stores, untimed, the way of the next call learned
   }
+  const bool stream_out = stores.stream_out(stream);  // Note [Streaming out with the slots]
 
   uint8_t* own = gets ? block(me) : nullptr;
   const bool in_place = own == in;
@@ -134,12 +136,14 @@ void gather(ShmGroup& g, const Call& c) {
     g.post();
     // The own block goes out while the peers still fill their slots: from the slot while it is in
     // cache (the input is read once), or from the input if the slot was streamed to memory.
-    if (gets && !in_place) copy_out(own + k * chunk * es, stores.stream() ? in + k * chunk * es : slot, n * es, stream);
+    if (gets && !in_place)
+      copy_out(own + k * chunk * es, stores.stream() ? in + k * chunk * es : slot, n * es, stream_out);
     g.wait();
     if (k == 0) g.learn_slot_stores(stores);
     if (!gets) continue;
     for (int p = 0; p < world; ++p)
-      if (p != me) copy_out(block(p) + k * chunk * es, g.read_slot(p), in_round(count_of(p), chunk, k) * es, stream);
+      if (p != me)
+        copy_out(block(p) + k * chunk * es, g.read_slot(p), in_round(count_of(p), chunk, k) * es, stream_out);
   }
   g.slot_stores_done(stores, most * es);
 }

@@ -168,13 +168,12 @@ class ShmGroup {
   int pid_of(int r) { return seg_.ctrl(r).pid.load(std::memory_order_relaxed); }
 
   // The way of a staged call moving `bytes` per rank (Note [Streaming into the slots]): how it
-  // writes into the slots, or, where `may_read_peers` and single_copy(), whether it reads its
-  // peers instead. The way of a call was chosen by rank 0 in the last call of the same kind and
-  // size class, and is the same on every rank that learned it. slot_stores() before the call's
-  // first store or sync: rank 0 chooses the way of the next such call and publishes it.
-  // learn_slot_stores() after the first sync; slot_stores_done() after the last phase, where rank
-  // 0 times the call.
-  SlotStores slot_stores(OpKind kind, size_t bytes, bool may_read_peers = false);
+  // writes into the slots and copies out, or whether it reads its peers instead (`other`). The
+  // way of a call was chosen by rank 0 in the last call of the same kind and size class, and is
+  // the same on every rank that learned it. slot_stores() before the call's first store or sync:
+  // rank 0 chooses the way of the next such call and publishes it. learn_slot_stores() after the
+  // first sync; slot_stores_done() after the last phase, where rank 0 times the call.
+  SlotStores slot_stores(OpKind kind, size_t bytes, OtherWays other = {});
   void learn_slot_stores(const SlotStores& s);
   void slot_stores_done(const SlotStores& s, size_t bytes);
 

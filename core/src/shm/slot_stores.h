@@ -150,6 +150,10 @@
 // 2.83-2.86); beside a CPU-bound process 6.64-6.94 against 6.92-7.05 (Open MPI 2.77-6.72); 4 MiB
 // 682-724 against 720-727 us.
 //
+// A call whose copies out the group's bytes leave to normal stores, of kStreamMinBytes or more a
+// rank, has a fourth way, normal stores into the slots and streaming ones out of them (Note
+// [Streaming out with the slots] in shm/copy.h), timed after the others.
+//
 // With more ranks than cores as well: ranks that share a core share its caches, but half of the
 // transfers still cross between the cores. W=4 on the 2 cores, normal against streaming, in the
 // 0.52 us state: all_gather 1 MiB 1150 against 414 us, all_reduce 1 MiB 865 against 264,
@@ -222,8 +226,9 @@ enum class Way : uint8_t {
   kNormal,      // through the slots, normal stores
   kStream,      // through the slots, streaming stores
   kSingleCopy,  // reading the peers' buffers (all_gathers only: Note [Single-copy collectives])
+  kStreamOut,   // through the slots, normal stores, and streaming copies out (Note [Streaming out with the slots])
 };
-constexpr int kWays = 3;
+constexpr int kWays = 4;
 constexpr unsigned way_bit(Way w) { return 1u << unsigned(w); }
 
 // Rank 0's choice of the way of one kind and size of call, one call ahead (Note [Streaming into the slots]).
@@ -254,7 +259,7 @@ class WayChoice {
   // Calls of a way that are not counted where it follows another way (and at the first call): they
   // find the slots, or the pages the kernel pins, as the other way left them. A single copy reaches
   // its pace on its third call (Note [Streaming into the slots]), the slots on their second.
-  static constexpr int kUncounted[kWays] = {1, 1, 2};
+  static constexpr int kUncounted[kWays] = {1, 1, 2, 1};
 
   // Where the way in use goes on steadily, rank 0 times one call in about this many ticks() of its
   // calls, by the way's cost (Note [Timing a few calls]).
@@ -369,11 +374,22 @@ inline size_t choice_index(OpKind kind, size_t bytes) {
 // that its choice still turns to streaming within kKept calls, now cheap ones, and back once a
 // trial of normal stores is fast again.
 // The way of one staged call (ShmGroup::slot_stores).
+// What a staged call may do besides storing into the slots (ShmGroup::slot_stores()).
+struct OtherWays {
+  bool read_peers = false;  // read its peers' buffers, where single_copy() (Note [Single-copy collectives])
+  // stream its copies into user buffers, which streams_out() leaves to normal stores (Note
+  // [Streaming out with the slots]), where its messages are kStreamMinBytes or more
+  bool stream_out = false;
+};
+
 struct SlotStores {
   Way way = Way::kNormal;
   bool stream() const { return way == Way::kStream || fell_back(); }  // this rank's stores into its slot stream
-  bool large = false;                                                 // the call is large enough to choose
-  size_t choice = 0;                                                  // choice_index() of the call
+  // Whether the call's copies into user buffers stream: where `group` (streams_out(): the group's
+  // buffers outgrow the caches), or where its way says so (Note [Streaming out with the slots]).
+  bool stream_out(bool group) const { return group || way == Way::kStreamOut; }
+  bool large = false;    // the call is large enough to choose
+  size_t choice = 0;     // choice_index() of the call
   uint64_t started = 0;  // rank 0's ticks() when it timed the call, from its first store; 0: untimed
   // This rank's fastest streamed copy into a slot, in ticks() per byte, of calls of this choice;
   // null where the call is not watched (Note [Falling back within a call]).
