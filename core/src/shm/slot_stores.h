@@ -355,6 +355,14 @@ inline size_t choice_index(OpKind kind, size_t bytes) {
   return size_t(kind) * kSizeClasses + c;
 }
 
+// What a staged call may do besides storing into the slots (ShmGroup::slot_stores()).
+struct OtherWays {
+  bool read_peers = false;  // read its peers' buffers, where single_copy() (Note [Single-copy collectives])
+  // stream its copies into user buffers, which streams_out() leaves to normal stores (Note
+  // [Streaming out with the slots]), where its messages are kStreamMinBytes or more
+  bool stream_out = false;
+};
+
 // Note [Falling back within a call]: rank 0 sees a change of the machine's state only in the
 // times of whole calls, kKept of them, and the call after them was already decided: four calls of
 // the way that became slow. Where a call is long that is what sets a tail: W=2, 64 MiB all_gather
@@ -374,14 +382,6 @@ inline size_t choice_index(OpKind kind, size_t bytes) {
 // that its choice still turns to streaming within kKept calls, now cheap ones, and back once a
 // trial of normal stores is fast again.
 // The way of one staged call (ShmGroup::slot_stores).
-// What a staged call may do besides storing into the slots (ShmGroup::slot_stores()).
-struct OtherWays {
-  bool read_peers = false;  // read its peers' buffers, where single_copy() (Note [Single-copy collectives])
-  // stream its copies into user buffers, which streams_out() leaves to normal stores (Note
-  // [Streaming out with the slots]), where its messages are kStreamMinBytes or more
-  bool stream_out = false;
-};
-
 struct SlotStores {
   Way way = Way::kNormal;
   bool stream() const { return way == Way::kStream || fell_back(); }  // this rank's stores into its slot stream
