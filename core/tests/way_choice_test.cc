@@ -53,13 +53,14 @@ TEST(WayChoice, RankZeroStreamsIntoTheSlotsWhereThatWasFaster) {
   shm::WayChoice choice;
   // Each way twice first, then the faster timed so far (streaming's second call is timed only
   // once the call after it is decided), then the faster, but the other for two calls once more
-  // soon (it was timed once), counted from the call back after that trial; then every 2 (s - 1) /
-  // 2% = 100 calls, s how much slower it was (at least 64 once it has two times, where its trial
-  // calls are among the slowest, kLoud), until it has three times; then 256 calls apart (kTryLoud).
-  auto went = run_choice(choice, stores, 400, [](Way w, int) { return w == Way::kStream ? 1.0 : 2.0; });
+  // within 32 calls (it was timed once, on colder buffers: kTryClose, where its cost would say
+  // 100); then, counted from the call back after that trial, every 2 (s - 1) / 2% = 100 calls, s
+  // how much slower it was (at least 64 once it has two times, where its trial calls are among the
+  // slowest, kLoud), until it has three times; then 256 calls apart (kTryLoud).
+  auto went = run_choice(choice, stores, 420, [](Way w, int) { return w == Way::kStream ? 1.0 : 2.0; });
   EXPECT_EQ(std::vector<Way>(went.begin(), went.begin() + 6),
             (std::vector<Way>{Way::kNormal, Way::kNormal, Way::kStream, Way::kStream, Way::kNormal, Way::kStream}));
-  EXPECT_EQ(not_going(went, Way::kStream), (std::vector<int>{1, 2, 5, 15, 16, 118, 119, 377, 378}));
+  EXPECT_EQ(not_going(went, Way::kStream), (std::vector<int>{1, 2, 5, 39, 40, 142, 143, 401, 402}));
   // A way ten times slower is tried every 900 calls: trials stay out of the slowest 5% of calls.
   // Its first time, ten times streaming's, is more than warming buffers explain (kColdMost): it is
   // tried once more not 8 calls later but as a way loud on two times is, 900 calls later too. One
@@ -99,7 +100,7 @@ TEST(WayChoice, RankZeroStreamsIntoTheSlotsWhereThatWasFaster) {
                           loud, stores, 350, [](Way w, int) { return w == Way::kStream ? 1.0 : 1.06; }, 2.0),
                       Way::kStream),
             (std::vector<int>{1, 2, 5, 15, 16, 50, 51, 309, 310}));
-  // Back to the first choice, after its 400 calls:
+  // Back to the first choice, after its 420 calls:
   choice.took(Way::kStream, 9.0);  // one slow call (a preemption) does not turn the choice
   EXPECT_EQ(choice.choose(stores, kEveryCallTimed), Way::kStream);
   choice.took(Way::kStream, 2.1);  // nor does a small difference:
@@ -124,18 +125,18 @@ TEST(WayChoice, RankZeroTimesAgainAWayItTimedOnce) {
     ++normal_timed;  // normal stores' buffers warm up: twice as slow as streaming, then a little, then faster
     return normal_timed == 1 ? 3.0 : normal_timed == 2 ? 1.6 : 1.0;
   });
-  // Streaming on the first times; normal stores timed again soon, at calls 15-16 (they had one
-  // time: not 100 calls later, as that time would say), 7% slower there, so tried again 32 calls
-  // after the call back (kTryClose), and taken (the call after the trial was decided before the
-  // trial's time came in). Streaming, the way left behind, is tried again 32 calls later.
+  // Streaming on the first times; normal stores timed again within 32 calls, at calls 39-40 (they
+  // had one time, on colder buffers: not 100 calls later, as that time would say), 7% slower
+  // there, so tried again 32 calls after the call back (kTryClose), and taken (the call after the
+  // trial was decided before the trial's time came in). Streaming, the way left behind, would be
+  // tried again 32 calls later.
   std::vector<int> streaming{3, 4};
   auto calls = [&](int from, int to) {
     for (int k = from; k <= to; ++k) streaming.push_back(k);
   };
-  calls(6, 14);
-  calls(17, 49);
-  calls(52, 52);
-  calls(85, 86);
+  calls(6, 38);
+  calls(41, 73);
+  calls(76, 76);
   EXPECT_EQ(not_going(went, Way::kNormal), streaming);
 }
 
@@ -152,9 +153,10 @@ TEST(WayChoice, RankZeroTriesAgainTheWayItLeft) {
     if (w == Way::kNormal) return timed >= 60 && timed < 65 ? 2.6 : 1.3;
     return timed >= 60 && timed < 65 ? 2.0 : 1.0;  // the spell: every way twice as slow
   });
-  // Normal stores' trial at 70-71 (64 calls after the one before: 30% slower, loud), then normal
-  // stores from 72.
-  std::vector<int> normal{1, 2, 5, 15, 16};
+  // Normal stores' trial at 37-38 (timed once, 30% slower: 30 calls later), loud, so the next one
+  // 64 calls later; but the spell's slow calls of streaming turn the choice first: normal stores
+  // from 70.
+  std::vector<int> normal{1, 2, 5, 37, 38};
   for (int k = 70; k <= 101; ++k) normal.push_back(k);
   // Streaming's trial at 102-103, the call back at 104, then streaming; normal stores, left behind
   // in turn, are tried 32 calls later, and after that every 256 (their trials are loud).
@@ -179,14 +181,14 @@ TEST(WayChoice, RankZeroReadsThePeersWhereThatWasFaster) {
   EXPECT_EQ(std::vector<Way>(went.begin(), went.begin() + 9),
             (std::vector<Way>{Way::kNormal, Way::kNormal, Way::kStream, Way::kStream, Way::kSingleCopy,
                               Way::kSingleCopy, Way::kSingleCopy, Way::kStream, Way::kSingleCopy}));
-  // Each other way, timed once, is tried once more soon (normal stores, then streaming: one trial
-  // waits for the other); then streaming, twice as slow, 100 calls later, normal stores, three
-  // times, 200; then, with three times each and their trials loud, every 256 calls or so.
+  // Each other way, timed once, is tried once more within 32 calls (normal stores, then streaming:
+  // one trial waits for the other); then streaming, twice as slow, 100 calls later, normal stores,
+  // three times, 200; then, with three times each and their trials loud, every 256 calls or so.
   EXPECT_EQ(not_going(went, Way::kSingleCopy),
-            (std::vector<int>{1, 2, 3, 4, 8, 17, 18, 19, 20, 122, 123, 220, 221, 381, 382, 479, 480}));
+            (std::vector<int>{1, 2, 3, 4, 8, 41, 42, 43, 44, 146, 147, 244, 245, 405, 406, 503, 504}));
   auto way_of = [&](int call) { return went[size_t(call - 1)]; };  // calls numbered from 1
-  for (int call : {17, 18, 220, 221, 479, 480}) EXPECT_EQ(way_of(call), Way::kNormal) << call;
-  for (int call : {19, 20, 122, 123, 381, 382}) EXPECT_EQ(way_of(call), Way::kStream) << call;
+  for (int call : {41, 42, 244, 245, 503, 504}) EXPECT_EQ(way_of(call), Way::kNormal) << call;
+  for (int call : {43, 44, 146, 147, 405, 406}) EXPECT_EQ(way_of(call), Way::kStream) << call;
   // Single copies were stopped: the choice goes on between the other two, on their times.
   const unsigned stores = shm::way_bit(Way::kNormal) | shm::way_bit(Way::kStream);
   EXPECT_EQ(choice.choose(stores, kEveryCallTimed), Way::kStream);
@@ -239,13 +241,17 @@ TEST(WayChoice, RankZeroTimesASingleCopyOnItsThirdCallInARow) {
   EXPECT_EQ(std::vector<Way>(went.begin() + 4, went.begin() + 10),
             (std::vector<Way>{Way::kSingleCopy, Way::kSingleCopy, Way::kSingleCopy, Way::kNormal, Way::kSingleCopy,
                               Way::kSingleCopy}));
-  EXPECT_EQ(not_going(went, Way::kSingleCopy),
-            (std::vector<int>{1, 2, 3, 4, 8, 17, 18, 19, 20, 54, 55, 84, 85, 89, 90}));
+  // Normal stores and streaming, timed once each before it, on colder buffers, are tried again as
+  // soon as their cost says, within 32 calls: normal stores, 8% slower, at 18-19 (8 calls on,
+  // kTryLeast), streaming, 50% slower, at 41-42 (kTryClose).
+  EXPECT_EQ(not_going(went, Way::kSingleCopy), (std::vector<int>{1, 2, 3, 4, 8, 18, 19, 41, 42, 53, 54, 88, 89}));
+  for (int call : {18, 19, 53, 54}) EXPECT_EQ(went[size_t(call - 1)], Way::kNormal) << call;
+  for (int call : {41, 42}) EXPECT_EQ(went[size_t(call - 1)], Way::kStream) << call;
   // Slower, it is left, and tried for three calls in a row now and then. It and streaming were
   // timed once each, after normal stores first were: not on colder buffers than normal stores, so
-  // tried again not 8 calls on, as a way timed before the way in use is (kTryLeast;
-  // RankZeroTimesAgainAWayItTimedOnce), but 32 (kTryClose), past the first calls of a size;
-  // streaming first, then the single copy (one trial waits for the other).
+  // tried again not as soon as their cost says, as a way timed before the way in use is (the single
+  // copy, 20% slower, 20 calls on; RankZeroTimesAgainAWayItTimedOnce), but 32 (kTryClose), past the
+  // first calls of a size; streaming first, then the single copy (one trial waits for the other).
   shm::WayChoice slower;
   const auto left = run_choice(slower, all, 100, cost(1.2));
   EXPECT_EQ(not_going(left, Way::kNormal), (std::vector<int>{3, 4, 5, 6, 7, 41, 42, 43, 44, 45}));

@@ -165,7 +165,8 @@ void WayChoice::schedule(Way w, uint64_t from) {
   const double in_use = cost(use_);  // 0 where the way in use was not timed yet (the ways allowed changed)
   const double slower = in_use > 0 ? std::max(1.0, cost(w) / in_use) : 1.0;
   // Timed once, before the way in use first was: perhaps on buffers still warming up, which slow
-  // the first calls most (Note [Streaming into the slots]); once more soon. Timed once after it,
+  // the first calls most (Note [Streaming into the slots]); once more soon, the sooner the closer
+  // it was. Timed once after it,
   // its time is no colder than the way in use's, but may have met a preemption: once more
   // kTryClose calls later, past the first calls of a size. More than kColdMost times slower,
   // before or after, is more than warming explains, and its trial's calls would be among the
@@ -184,7 +185,8 @@ void WayChoice::schedule(Way w, uint64_t from) {
   const double share_gap = std::max((2 * (slower - 1) + spell) / kTryShare, double(loud_gap));
   const bool colder = first_timed_[int(use_)] == 0 || first_timed_[int(w)] < first_timed_[int(use_)];
   uint64_t gap = uint64_t(std::clamp(share_gap, double(kTryClose), double(kTryMost)));
-  if (timed(w) < 2 && !cold_most && spell == 0) gap = colder ? kTryLeast : kTryClose;
+  if (timed(w) < 2 && !cold_most && spell == 0)
+    gap = colder ? uint64_t(std::clamp(share_gap, double(kTryLeast), double(kTryClose))) : kTryClose;
   next_try_[int(w)] = from + gap;
   scheduled_[int(w)] = from;
 }

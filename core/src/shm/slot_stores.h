@@ -39,14 +39,15 @@
 // tried for two calls now and then, the more rarely the slower it was, so that trials cost about
 // kTryShare of the time (schedule(): a way 50% slower is tried every 50
 // calls, twice as slow every 100, ten times every 900), but a way timed only once is tried again
-// after kTryLeast calls: the first calls of a size run on buffers still warming up (memory
-// a process has not used for a while is slow for its first milliseconds, Note [Warm buffers] in
-// bench/chorus_bench.cc), and a way timed once there is judged on that call (W=2, 1 MiB
-// all_gather: normal stores timed once, on the second call, at up to 2.3x what they took 15 calls
-// later, and not tried again in the 50 calls after). So soon only where the way was timed before
-// the way in use first was: a later call runs on warmer buffers, so a way timed once after it, and
-// slower, was not misjudged on colder ones; it is tried again kTryClose calls later (its one time
-// may have met a preemption). Nor where its one time was more than kColdMost times the way in
+// sooner: the first calls of a size run on buffers still warming up (memory a process has not used
+// for a while is slow for its first milliseconds, Note [Warm buffers] in bench/chorus_bench.cc),
+// and a way timed once there is judged on that call (W=2, 1 MiB all_gather: normal stores timed
+// once, on the second call, at up to 2.3x what they took 15 calls later, and not tried again in the
+// 50 calls after). Where it was timed before the way in use first was, it is tried again as its
+// cost says, but within kTryClose calls and not before kTryLeast (8% slower, 8 calls later; 32% or
+// more, 32). Where it was timed after, kTryClose calls later: a later call runs on warmer buffers,
+// so a way timed once after the way in use, and slower, was not misjudged on colder ones (its one
+// time may have met a preemption). Nor where its one time was more than kColdMost times the way in
 // use's, more than warming was seen to explain: it is tried as a way loud on two times is, every 2
 // (s - 1) / kTryShare calls and at least kTryLoudOnTwo apart (W=2, 64 MiB all_gather beside a
 // CPU-bound process, in the slowest state: normal stores at 82-98 ms on their first calls against
@@ -67,11 +68,19 @@
 // (median 4.96 ms against 3.99 for b609d2a's, which tried its one other way once at the 8th call).
 // Tried 32 calls later, calls 8 to 20 all went normal stores in 6 runs of 8 (in the other two
 // normal stores took 9-12 ms on their first calls and on their trial at calls 17-18, and streaming,
-// at 4-5, was kept). The next trial is set once a trial's own time is in, and again at the call
-// back after it (took()): set from the times before the trial, as it was, the gap followed the cold
-// calls the trial was there to look past (W=2, 1 MiB all_gather: normal stores at 350 us on the
-// second call, 231 on their trial 15 calls later, tried next 68 calls after that, where they took
-// 137 against the single copy's 170-250). Trials at a fixed two calls in 32 (6%) were the slowest
+// at 4-5, was kept). And tried 8 calls later whatever their cost, as ways timed before the way in
+// use were until the fourth way came (Note [Streaming out with the slots]), a W=2 16 MiB
+// all_reduce's streaming and normal stores (timed at its 4th and 2nd calls, 1.7 and 1.25 times the
+// fourth way's time) came back at calls 16-19, again 4 of the 10 timed calls: on the 2-core AMD
+// EPYC VM (Zen 3), alternating rounds against b609d2a, 3.66 ms against 3.20 (4 rounds), where with
+// the trials at 32 calls it took 2.76 against 2.97 (6 rounds). A way that cold buffers put far
+// behind is found later for it (the 1 MiB all_gather's normal stores, 2.2 times streaming's time
+// on their second call, tried again at calls 41-42, at 150 us against streaming's 200-300).
+// The next trial is set once a trial's own time is in, and again at the call back after it
+// (took()): set from the times before the trial, as it was, the gap followed the cold calls the
+// trial was there to look past (W=2, 1 MiB all_gather: normal stores at 350 us on the second call,
+// 231 on their trial 15 calls later, tried next 68 calls after that, where they took 137 against
+// the single copy's 170-250). Trials at a fixed two calls in 32 (6%) were the slowest
 // 5% of calls wherever the other way was much slower, and made chorus's tail: W=2, 2 threads of
 // matmul between calls (compare.py --load matmul), a 1 MiB broadcast's p95 took 426-433 us against
 // a median of 41-42 (Open MPI's p95: 198-200), and 48-50 us with the way fixed by
@@ -240,9 +249,10 @@ class WayChoice {
   static constexpr double kSwitchBelow = 0.9;  // another way must be this much faster to switch
   // Trials of the other ways take about this share of the time of such calls: a way s times
   // slower than the way in use is tried for two calls every 2 (s - 1) / kTryShare calls, at
-  // least kTryClose and at most kTryMost apart; a way timed once, again after kTryLeast where it
-  // was timed before the way in use first was, else after kTryClose, and as a way loud on two
-  // times where it was more than kColdMost times slower than the way in use.
+  // least kTryClose and at most kTryMost apart; a way timed once, again after as many calls but
+  // kTryLeast to kTryClose where it was timed before the way in use first was, else after
+  // kTryClose, and as a way loud on two times where it was more than kColdMost times slower than
+  // the way in use.
   static constexpr double kTryShare = 0.02;
   static constexpr uint64_t kTryLeast = 8, kTryClose = 32, kTryMost = 1024;
   // More than warming buffers slowed a way on its first calls (up to 2.3-2.6 times).
