@@ -75,6 +75,14 @@ def two_states(rounds):
     return rows, None
 
 
+def table_keys(times, sizes, width):
+    """Prints a table's column heads; the (op, bytes) both sides timed, in the table's order."""
+    print(f"{'op':11s} {'bytes':>6s} {'fast: chorus':>{width}s} {'Open MPI':>{width}s} {'slow: chorus':>{width}s} "
+          f"{'Open MPI':>{width}s}")
+    return [(op, size) for op in OPS for size in ([0] if op == "barrier" else sizes)
+            if (op, size) in times["chorus"] and (op, size) in times["mpi"]]
+
+
 def by_barrier(times, world, sizes, load, width, verdicts):
     """The rounds of each side grouped by the state its barrier saw in them (the module's doc)."""
     slow_rounds = {}
@@ -88,25 +96,19 @@ def by_barrier(times, world, sizes, load, width, verdicts):
     fast_n = {side: len(times[side][("barrier", 0)]) - len(slow_rounds[side]) for side in times}
     print(f"\n## W={world}, the same rounds grouped by each side's barrier in them (fast: chorus {fast_n['chorus']}, "
           f"Open MPI {fast_n['mpi']} rounds; slow: {len(slow_rounds['chorus'])} and {len(slow_rounds['mpi'])})")
-    print(f"{'op':11s} {'bytes':>6s} {'fast: chorus':>{width}s} {'Open MPI':>{width}s} {'slow: chorus':>{width}s} "
-          f"{'Open MPI':>{width}s}")
-    for op in OPS:
-        for size in [0] if op == "barrier" else sizes:
-            key = (op, size)
-            if key not in times["chorus"] or key not in times["mpi"]:
-                continue
-            cells, ok = [], True
-            for slow in (False, True):
-                median, p95 = {}, {}
-                for side in ("chorus", "mpi"):
-                    rows = [row for i, row in enumerate(times[side][key]) if (i in slow_rounds[side]) == slow]
-                    median[side] = statistics.median(m for m, _ in rows)
-                    p95[side] = statistics.median(p for _, p in rows)
-                    cells.append(f"{median[side]:.2f} / {p95[side]:.2f}" if load else f"{median[side]:.2f}")
-                ok = ok and median["chorus"] <= median["mpi"] and (not load or p95["chorus"] <= p95["mpi"])
-            print(f"{op:11s} {size:>6d} " + " ".join(f"{c:>{width}s}" for c in cells))
-            verdicts.check(f"W={world} {op} {size} B at least as fast as Open MPI in each state of its barrier"
-                           + (", median and p95" if load else ""), ok)
+    for op, size in table_keys(times, sizes, width):
+        cells, ok = [], True
+        for slow in (False, True):
+            median, p95 = {}, {}
+            for side in ("chorus", "mpi"):
+                rows = [row for i, row in enumerate(times[side][(op, size)]) if (i in slow_rounds[side]) == slow]
+                median[side] = statistics.median(m for m, _ in rows)
+                p95[side] = statistics.median(p for _, p in rows)
+                cells.append(f"{median[side]:.2f} / {p95[side]:.2f}" if load else f"{median[side]:.2f}")
+            ok = ok and median["chorus"] <= median["mpi"] and (not load or p95["chorus"] <= p95["mpi"])
+        print(f"{op:11s} {size:>6d} " + " ".join(f"{c:>{width}s}" for c in cells))
+        verdicts.check(f"W={world} {op} {size} B at least as fast as Open MPI in each state of its barrier"
+                       + (", median and p95" if load else ""), ok)
 
 
 def main():
@@ -149,29 +151,23 @@ def main():
         shown = "median / p95 (the rounds' medians of each)" if args.load else "median"
         print(f"\n## W={world}, {args.rounds} rounds{beside}: {shown} us (rounds) in each state; one group: the same in both")
         width = 22 if args.load else 14
-        print(f"{'op':11s} {'bytes':>6s} {'fast: chorus':>{width}s} {'Open MPI':>{width}s} {'slow: chorus':>{width}s} "
-              f"{'Open MPI':>{width}s}")
-        for op in OPS:
-            for size in [0] if op == "barrier" else sizes:
-                key = (op, size)
-                if key not in times["chorus"] or key not in times["mpi"]:
-                    continue
-                cells, ok = [], True
-                states = {}  # side -> its (fast, slow) groups; one group stands for both states
-                for side in times:
-                    fast, slow = two_states(times[side][key])
-                    states[side] = (fast, fast) if slow is None else (fast, slow)
-                for state in (0, 1):
-                    median = {side: statistics.median(m for m, _ in states[side][state]) for side in times}
-                    p95 = {side: statistics.median(p for _, p in states[side][state]) for side in times}
-                    for side in ("chorus", "mpi"):
-                        one = states[side][0] is states[side][1]
-                        shown = f"{median[side]:.2f} / {p95[side]:.2f}" if args.load else f"{median[side]:.2f}"
-                        cells.append(f"{shown} ({'all' if one else len(states[side][state])})")
-                    ok = ok and median["chorus"] <= median["mpi"] and (not args.load or p95["chorus"] <= p95["mpi"])
-                print(f"{op:11s} {size:>6d} " + " ".join(f"{c:>{width}s}" for c in cells))
-                verdicts.check(f"W={world} {op} {size} B at least as fast as Open MPI in each state"
-                               + (", median and p95" if args.load else ""), ok)
+        for op, size in table_keys(times, sizes, width):
+            cells, ok = [], True
+            states = {}  # side -> its (fast, slow) groups; one group stands for both states
+            for side in times:
+                fast, slow = two_states(times[side][(op, size)])
+                states[side] = (fast, fast) if slow is None else (fast, slow)
+            for state in (0, 1):
+                median = {side: statistics.median(m for m, _ in states[side][state]) for side in times}
+                p95 = {side: statistics.median(p for _, p in states[side][state]) for side in times}
+                for side in ("chorus", "mpi"):
+                    one = states[side][0] is states[side][1]
+                    shown = f"{median[side]:.2f} / {p95[side]:.2f}" if args.load else f"{median[side]:.2f}"
+                    cells.append(f"{shown} ({'all' if one else len(states[side][state])})")
+                ok = ok and median["chorus"] <= median["mpi"] and (not args.load or p95["chorus"] <= p95["mpi"])
+            print(f"{op:11s} {size:>6d} " + " ".join(f"{c:>{width}s}" for c in cells))
+            verdicts.check(f"W={world} {op} {size} B at least as fast as Open MPI in each state"
+                           + (", median and p95" if args.load else ""), ok)
         by_barrier(times, world, sizes, args.load, width, verdicts)
     verdicts.print("## in each state")
 
