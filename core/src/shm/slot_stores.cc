@@ -166,11 +166,10 @@ void WayChoice::schedule(Way w, uint64_t from) {
   const double slower = in_use > 0 ? std::max(1.0, cost(w) / in_use) : 1.0;
   // Timed once, before the way in use first was: perhaps on buffers still warming up, which slow
   // the first calls most (Note [Streaming into the slots]); once more soon, the sooner the closer
-  // it was. Timed once after it,
-  // its time is no colder than the way in use's, but may have met a preemption: once more
-  // kTryClose calls later, past the first calls of a size. More than kColdMost times slower,
-  // before or after, is more than warming explains, and its trial's calls would be among the
-  // slowest: as a way timed twice and loud.
+  // it was. Timed once after it, its time is no colder than the way in use's, but may have met a
+  // preemption: once more kTryClose calls later, past the first calls of a size. More than
+  // kColdMost times slower, before or after, is more than warming explains, and its trial's calls
+  // would be among the slowest: as a way timed twice and loud.
   // A loud trial (kLoud) of a slower way puts its calls among the slowest: tried at least kTryLoud
   // calls apart, once it has as many times as the way in use (fewer may all have met a slow spell),
   // and kTryLoudOnTwo apart with two times where those say it is more than kLoud slower too: two

@@ -73,9 +73,9 @@
 // all_reduce's streaming and normal stores (timed at its 4th and 2nd calls, 1.7 and 1.25 times the
 // fourth way's time) came back at calls 16-19, again 4 of the 10 timed calls: on the 2-core AMD
 // EPYC VM (Zen 3), alternating rounds against b609d2a, 3.66 ms against 3.20 (4 rounds), where with
-// the trials at 32 calls it took 2.76 against 2.97 (6 rounds). A way that cold buffers put far
-// behind is found later for it (the 1 MiB all_gather's normal stores, 2.2 times streaming's time
-// on their second call, tried again at calls 41-42, at 150 us against streaming's 200-300).
+// their trials 25 and 32 calls later it took 2.76 against 2.97 (6 rounds). A way that cold buffers
+// put far behind is found later for it (the 1 MiB all_gather's normal stores, 2.2 times streaming's
+// time on their second call, tried again at calls 41-42, at 150 us against streaming's 200-300).
 // The next trial is set once a trial's own time is in, and again at the call back after it
 // (took()): set from the times before the trial, as it was, the gap followed the cold calls the
 // trial was there to look past (W=2, 1 MiB all_gather: normal stores at 350 us on the second call,
