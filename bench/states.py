@@ -83,6 +83,36 @@ def table_keys(times, sizes, width):
             if (op, size) in times["chorus"] and (op, size) in times["mpi"]]
 
 
+def state_row(op, size, groups, load, width, counted):
+    """Prints a table's row: each side's median (and p95, under load) of its rounds in each state,
+    groups[side] = (its fast rounds, its slow ones); with counted, each cell's count of rounds (all:
+    one group stands for both states). Whether chorus is at or under Open MPI in both states."""
+    cells, ok = [], True
+    for state in (0, 1):
+        median = {side: statistics.median(m for m, _ in groups[side][state]) for side in groups}
+        p95 = {side: statistics.median(p for _, p in groups[side][state]) for side in groups}
+        for side in ("chorus", "mpi"):
+            shown = f"{median[side]:.2f} / {p95[side]:.2f}" if load else f"{median[side]:.2f}"
+            if counted:
+                one = groups[side][0] is groups[side][1]
+                shown += f" ({'all' if one else len(groups[side][state])})"
+            cells.append(shown)
+        ok = ok and median["chorus"] <= median["mpi"] and (not load or p95["chorus"] <= p95["mpi"])
+    print(f"{op:11s} {size:>6d} " + " ".join(f"{c:>{width}s}" for c in cells))
+    return ok
+
+
+def by_own_times(times, world, sizes, load, width, verdicts):
+    """Each side's rounds of an op split by that op's own times (the module's doc)."""
+    for op, size in table_keys(times, sizes, width):
+        groups = {}  # side -> its (fast, slow) rounds; one group stands for both states
+        for side in times:
+            fast, slow = two_states(times[side][(op, size)])
+            groups[side] = (fast, fast) if slow is None else (fast, slow)
+        verdicts.check(f"W={world} {op} {size} B at least as fast as Open MPI in each state"
+                       + (", median and p95" if load else ""), state_row(op, size, groups, load, width, True))
+
+
 def by_barrier(times, world, sizes, load, width, verdicts):
     """The rounds of each side grouped by the state its barrier saw in them (the module's doc)."""
     slow_rounds = {}
@@ -97,18 +127,13 @@ def by_barrier(times, world, sizes, load, width, verdicts):
     print(f"\n## W={world}, the same rounds grouped by each side's barrier in them (fast: chorus {fast_n['chorus']}, "
           f"Open MPI {fast_n['mpi']} rounds; slow: {len(slow_rounds['chorus'])} and {len(slow_rounds['mpi'])})")
     for op, size in table_keys(times, sizes, width):
-        cells, ok = [], True
-        for slow in (False, True):
-            median, p95 = {}, {}
-            for side in ("chorus", "mpi"):
-                rows = [row for i, row in enumerate(times[side][(op, size)]) if (i in slow_rounds[side]) == slow]
-                median[side] = statistics.median(m for m, _ in rows)
-                p95[side] = statistics.median(p for _, p in rows)
-                cells.append(f"{median[side]:.2f} / {p95[side]:.2f}" if load else f"{median[side]:.2f}")
-            ok = ok and median["chorus"] <= median["mpi"] and (not load or p95["chorus"] <= p95["mpi"])
-        print(f"{op:11s} {size:>6d} " + " ".join(f"{c:>{width}s}" for c in cells))
+        groups = {}
+        for side in times:
+            rounds = times[side][(op, size)]
+            groups[side] = tuple([row for i, row in enumerate(rounds) if (i in slow_rounds[side]) == slow]
+                                 for slow in (False, True))
         verdicts.check(f"W={world} {op} {size} B at least as fast as Open MPI in each state of its barrier"
-                       + (", median and p95" if load else ""), ok)
+                       + (", median and p95" if load else ""), state_row(op, size, groups, load, width, False))
 
 
 def main():
@@ -151,23 +176,7 @@ def main():
         shown = "median / p95 (the rounds' medians of each)" if args.load else "median"
         print(f"\n## W={world}, {args.rounds} rounds{beside}: {shown} us (rounds) in each state; one group: the same in both")
         width = 22 if args.load else 14
-        for op, size in table_keys(times, sizes, width):
-            cells, ok = [], True
-            states = {}  # side -> its (fast, slow) groups; one group stands for both states
-            for side in times:
-                fast, slow = two_states(times[side][(op, size)])
-                states[side] = (fast, fast) if slow is None else (fast, slow)
-            for state in (0, 1):
-                median = {side: statistics.median(m for m, _ in states[side][state]) for side in times}
-                p95 = {side: statistics.median(p for _, p in states[side][state]) for side in times}
-                for side in ("chorus", "mpi"):
-                    one = states[side][0] is states[side][1]
-                    shown = f"{median[side]:.2f} / {p95[side]:.2f}" if args.load else f"{median[side]:.2f}"
-                    cells.append(f"{shown} ({'all' if one else len(states[side][state])})")
-                ok = ok and median["chorus"] <= median["mpi"] and (not args.load or p95["chorus"] <= p95["mpi"])
-            print(f"{op:11s} {size:>6d} " + " ".join(f"{c:>{width}s}" for c in cells))
-            verdicts.check(f"W={world} {op} {size} B at least as fast as Open MPI in each state"
-                           + (", median and p95" if args.load else ""), ok)
+        by_own_times(times, world, sizes, args.load, width, verdicts)
         by_barrier(times, world, sizes, args.load, width, verdicts)
     verdicts.print("## in each state")
 
