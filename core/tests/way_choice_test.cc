@@ -18,8 +18,9 @@ namespace {
 // the others cost(way, run), run the call's place among the calls in a row of its way (2 and on).
 // Calls are of `bytes`; only those the choice times report their time (took()), and `timed` gets
 // their numbers. At the default size every call is timed where a way costs 1 or more per byte
-// (kUntimedTicks). The ways the calls went.
-constexpr size_t kEveryCallTimed = 1 << 20;
+// (kUntimedTicks), and the first calls time each way for its first calls only (kWarmBelow). The
+// ways the calls went.
+constexpr size_t kEveryCallTimed = 4 << 20;
 std::vector<shm::Way> run_choice(shm::WayChoice& choice, unsigned allowed, int calls,
                                  const std::function<double(shm::Way, int)>& cost, double switching = 0.1,
                                  size_t bytes = kEveryCallTimed, std::vector<int>* timed = nullptr) {
@@ -140,6 +141,30 @@ TEST(WayChoice, RankZeroTimesAgainAWayItTimedOnce) {
   EXPECT_EQ(not_going(went, Way::kNormal), streaming);
 }
 
+// Below kWarmBelow the first calls of a size warm their buffers over tens of calls (Note [Warm
+// buffers] in bench/chorus_bench.cc), and normal stores most: the first way goes on for kWarmCalls
+// more calls before the others are timed. Timed on its second call, the coldest, it lost the first
+// choice to a way timed after it, and came back only at its trial.
+TEST(WayChoice, RankZeroWarmsTheFirstWayBeforeTimingTheOthers) {
+  using shm::Way;
+  const unsigned stores = shm::way_bit(Way::kNormal) | shm::way_bit(Way::kStream);
+  auto warming = [](int* normal_timed) {
+    return [normal_timed](Way w, int) {
+      if (w == Way::kStream) return 1.5;
+      return ++*normal_timed < 8 ? 3.0 : 1.0;  // normal stores reach their pace on their 8th counted call
+    };
+  };
+  int timed_small = 0, timed_large = 0;
+  shm::WayChoice small, large;
+  const auto went = run_choice(small, stores, 60, warming(&timed_small), 0.1, 1 << 20);
+  // Normal stores for 16 calls, streaming for two, then normal stores, the faster by their last
+  // times; streaming is tried again 32 calls after the first choice (kTryClose).
+  EXPECT_EQ(not_going(went, Way::kNormal), (std::vector<int>{17, 18, 52, 53}));
+  // 4 MiB or more: each way for its first calls only, and streaming taken on those times.
+  const auto first = run_choice(large, stores, 8, warming(&timed_large));
+  EXPECT_EQ(first.back(), Way::kStream);
+}
+
 // A slow spell of the machine slows whichever way is in use: three slow calls of streaming turn the
 // choice to normal stores, timed again just after the spell. Streaming, the way left behind, is
 // tried again 32 calls later (kTryClose) whatever its last times say, and taken back.
@@ -176,19 +201,26 @@ TEST(WayChoice, RankZeroReadsThePeersWhereThatWasFaster) {
   auto went = run_choice(choice, all, 600, [](Way w, int) {
     return w == Way::kSingleCopy ? 1.0 : w == Way::kStream ? 2.0 : 3.0;
   });
-  // A single copy three times (its third call counted: kUncounted), then streaming, the fastest
-  // timed while that third call runs, then single copies.
+  // A single copy three times (its third call counted: kUncounted), then streaming, the fastest of
+  // the ways through the slots: the first choice leaves the single copy out, whose first calls ran
+  // on warmer buffers than theirs. Its one time was faster than streaming's: tried 8 calls on
+  // (kTryLeast), three calls, and weighed by that trial's time as the first choice weighs: taken
+  // from call 21 (call 20 was decided before the trial's time came in).
   EXPECT_EQ(std::vector<Way>(went.begin(), went.begin() + 9),
             (std::vector<Way>{Way::kNormal, Way::kNormal, Way::kStream, Way::kStream, Way::kSingleCopy,
-                              Way::kSingleCopy, Way::kSingleCopy, Way::kStream, Way::kSingleCopy}));
-  // Each other way, timed once, is tried once more within 32 calls (normal stores, then streaming:
-  // one trial waits for the other); then streaming, twice as slow, 100 calls later, normal stores,
-  // three times, 200; then, with three times each and their trials loud, every 256 calls or so.
-  EXPECT_EQ(not_going(went, Way::kSingleCopy),
-            (std::vector<int>{1, 2, 3, 4, 8, 41, 42, 43, 44, 146, 147, 244, 245, 405, 406, 503, 504}));
+                              Way::kSingleCopy, Way::kSingleCopy, Way::kStream, Way::kStream}));
+  // Each other way is then tried as its times say, for three calls (after single copies the slots
+  // reach their pace on their third call: uncounted()): normal stores, timed once on colder buffers,
+  // within 32 calls of the first choice; streaming, the way left behind, 32 calls after it was
+  // left; then, their trials loud (kLoud) and with three times each, every 256 calls or so.
+  std::vector<int> others{1, 2, 3, 4};
+  for (int call = 8; call <= 16; ++call) others.push_back(call);
+  for (int call : {20, 41, 42, 43, 53, 54, 55, 245, 246, 247, 313, 314, 315, 505, 506, 507, 573, 574, 575})
+    others.push_back(call);
+  EXPECT_EQ(not_going(went, Way::kSingleCopy), others);
   auto way_of = [&](int call) { return went[size_t(call - 1)]; };  // calls numbered from 1
-  for (int call : {41, 42, 244, 245, 503, 504}) EXPECT_EQ(way_of(call), Way::kNormal) << call;
-  for (int call : {43, 44, 146, 147, 405, 406}) EXPECT_EQ(way_of(call), Way::kStream) << call;
+  for (int call : {41, 43, 245, 247, 505, 507}) EXPECT_EQ(way_of(call), Way::kNormal) << call;
+  for (int call : {16, 20, 53, 55, 313, 315, 573, 575}) EXPECT_EQ(way_of(call), Way::kStream) << call;
   // Single copies were stopped: the choice goes on between the other two, on their times.
   const unsigned stores = shm::way_bit(Way::kNormal) | shm::way_bit(Way::kStream);
   EXPECT_EQ(choice.choose(stores, kEveryCallTimed), Way::kStream);
@@ -238,15 +270,24 @@ TEST(WayChoice, RankZeroTimesASingleCopyOnItsThirdCallInARow) {
   };
   shm::WayChoice faster;
   const auto went = run_choice(faster, all, 100, cost(0.92));
+  // Left out of the first choice (normal stores, calls 8-16), and tried 8 calls later (its one time
+  // was the faster: kTryLeast), where its third call, 8% faster than normal stores, takes it: the
+  // first trial of a way left out of the first choice is weighed as that choice weighs, without
+  // kSwitchBelow's margin.
   EXPECT_EQ(std::vector<Way>(went.begin() + 4, went.begin() + 10),
-            (std::vector<Way>{Way::kSingleCopy, Way::kSingleCopy, Way::kSingleCopy, Way::kNormal, Way::kSingleCopy,
-                              Way::kSingleCopy}));
-  // Normal stores and streaming, timed once each before it, on colder buffers, are tried again as
-  // soon as their cost says, within 32 calls: normal stores, 8% slower, at 18-19 (8 calls on,
-  // kTryLeast), streaming, 50% slower, at 41-42 (kTryClose).
-  EXPECT_EQ(not_going(went, Way::kSingleCopy), (std::vector<int>{1, 2, 3, 4, 8, 18, 19, 41, 42, 53, 54, 88, 89}));
-  for (int call : {18, 19, 53, 54}) EXPECT_EQ(went[size_t(call - 1)], Way::kNormal) << call;
-  for (int call : {41, 42}) EXPECT_EQ(went[size_t(call - 1)], Way::kStream) << call;
+            (std::vector<Way>{Way::kSingleCopy, Way::kSingleCopy, Way::kSingleCopy, Way::kNormal, Way::kNormal,
+                              Way::kNormal}));
+  // Streaming, timed once before it, on colder buffers, is tried again within 32 calls of the first
+  // choice (kTryClose: 50% slower), normal stores, the way left behind, 32 calls after they were
+  // left; both for three calls, the slots' pace after single copies (uncounted()).
+  std::vector<int> others{1, 2, 3, 4};
+  for (int call = 8; call <= 16; ++call) others.push_back(call);
+  for (int call : {20, 41, 42, 43, 53, 54, 55, 89, 90, 91}) others.push_back(call);
+  EXPECT_EQ(not_going(went, Way::kSingleCopy), others);
+  for (int call : {16, 17, 18, 19})
+    EXPECT_EQ(went[size_t(call - 1)], call == 16 ? Way::kNormal : Way::kSingleCopy) << call;
+  for (int call : {20, 53, 55}) EXPECT_EQ(went[size_t(call - 1)], Way::kNormal) << call;
+  for (int call : {41, 43}) EXPECT_EQ(went[size_t(call - 1)], Way::kStream) << call;
   // Slower, it is left, and tried for three calls in a row now and then. It and streaming were
   // timed once each, after normal stores first were: not on colder buffers than normal stores, so
   // tried again not as soon as their cost says, as a way timed before the way in use is (the single
@@ -277,17 +318,21 @@ TEST(WayChoice, RankZeroTimesOneCallInAFewWhereTheWayInUseGoesOn) {
   shm::WayChoice small;
   std::vector<int> timed;
   const auto went = run_choice(small, stores, 200, cost(1 << 30), 0.1, 16 << 10, &timed);
-  std::vector<int> expected = {1, 2, 3, 4, 5, 6};
-  for (int call = 10; call < 38; call += 4) expected.push_back(call);
-  expected.insert(expected.end(), {38, 39, 40, 41});
-  for (int call = 45; call < 141; call += 4) expected.push_back(call);
-  expected.insert(expected.end(), {141, 142, 143, 144});
-  for (int call = 148; call <= 200; call += 4) expected.push_back(call);
+  // (Below kWarmBelow, the first calls are normal stores' 16 and streaming's two, and the first
+  // choice is made at call 19.)
+  std::vector<int> expected;
+  for (int call = 1; call <= 20; ++call) expected.push_back(call);
+  for (int call = 24; call < 52; call += 4) expected.push_back(call);
+  expected.insert(expected.end(), {52, 53, 54, 55});
+  for (int call = 59; call < 155; call += 4) expected.push_back(call);
+  expected.insert(expected.end(), {155, 156, 157, 158});
+  for (int call = 162; call <= 200; call += 4) expected.push_back(call);
   EXPECT_EQ(timed, expected);
-  // The trials fall where they fall with every call timed.
+  // The trials fall where they fall with every call timed (1 MiB calls, also below kWarmBelow).
   shm::WayChoice every;
-  EXPECT_EQ(not_going(went, Way::kNormal), (std::vector<int>{3, 4, 38, 39, 141, 142}));
-  EXPECT_EQ(not_going(run_choice(every, stores, 200, cost(1 << 30)), Way::kNormal), not_going(went, Way::kNormal));
+  EXPECT_EQ(not_going(went, Way::kNormal), (std::vector<int>{17, 18, 52, 53, 155, 156}));
+  EXPECT_EQ(not_going(run_choice(every, stores, 200, cost(1 << 30), 0.1, 1 << 20), Way::kNormal),
+            not_going(went, Way::kNormal));
   // Normal stores three times slower from a counted call on: the choice turns to streaming once
   // the kept times all say so, three counted calls later.
   shm::WayChoice slowed;
@@ -297,8 +342,8 @@ TEST(WayChoice, RankZeroTimesOneCallInAFewWhereTheWayInUseGoesOn) {
   for (int call : timed)
     if (call > 1 && turned[size_t(call - 1)] == turned[size_t(call - 2)]) counted.push_back(call);
   ASSERT_GE(counted.size(), 22u);
-  EXPECT_EQ(std::vector<int>(counted.begin() + 19, counted.begin() + 22), (std::vector<int>{73, 77, 81}));
-  EXPECT_EQ(std::find(turned.begin() + 73, turned.end(), Way::kStream) - turned.begin() + 1, 83);
+  EXPECT_EQ(std::vector<int>(counted.begin() + 19, counted.begin() + 22), (std::vector<int>{32, 36, 40}));
+  EXPECT_EQ(std::find(turned.begin() + 32, turned.end(), Way::kStream) - turned.begin() + 1, 42);
   // 1 MiB calls: every call timed.
   shm::WayChoice large;
   timed.clear();

@@ -30,7 +30,8 @@
 // the 2-core Zen 4 VM they won in one of its states and lost in another (W=2, 1 MiB: 104 against
 // 127 us through the slots where a cache line's round trip took 0.15 us, 204 against 109 where it
 // took 0.52: Note [Streaming into the slots]). So, unless told, rank 0 times them against the
-// slots as the job runs, as a third way of such calls, and the group takes the faster.
+// slots as the job runs, as a third way of such calls, and the group takes the faster (weighed
+// from a trial against the slots in use and warm: Note [Streaming into the slots]).
 // CHORUS_SHM_SINGLE_COPY=1 (or CommunicatorOptions::shm.single_copy) makes every call in the
 // window write into its peers, and 0 none.
 //

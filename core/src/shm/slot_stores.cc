@@ -6,22 +6,26 @@ namespace chorus::shm {
 
 Way WayChoice::choose(unsigned allowed, size_t bytes) {
   timing_now_ = timing_next_;
-  const Way next = decide(allowed);
-  decided_run_ = next == last_decided_ ? decided_run_ + 1 : 1;
+  const Way next = decide(allowed, bytes);
+  if (next != last_decided_) {
+    decided_after_ = decided_run_ == 0 ? next : last_decided_;
+    decided_run_ = 0;
+  }
+  ++decided_run_;
   last_decided_ = next;
   // Note [Timing a few calls]: steady where the way in use goes on past the calls a trial or a
   // change of way slows (the call back is timed for the trial's peak, the one after it counted),
   // and its cost is known; untimed_ then counts what the calls left untimed took, by that cost.
   const double in_use = cost(use_);
   const bool steady = settled_ && next == use_ && trial_left_ == 0 && !leaving_ &&
-                      decided_run_ > uint64_t(kUncounted[int(use_)]) + 1 && in_use > 0;
+                      decided_run_ > uint64_t(uncounted(decided_after_, use_)) + 1 && in_use > 0;
   untimed_ = steady ? untimed_ + in_use * double(bytes) : 0;
   timing_next_ = !steady || untimed_ >= kUntimedTicks;
   if (timing_next_) untimed_ = 0;
   return next;
 }
 
-Way WayChoice::decide(unsigned allowed) {
+Way WayChoice::decide(unsigned allowed, size_t bytes) {
   // Nothing to weigh before the next trial falls due, while the times stay as they are (took()).
   if (quiet_ && allowed == quiet_allowed_ && decided_ + 1 < quiet_until_) {
     ++decided_;
@@ -34,9 +38,11 @@ Way WayChoice::decide(unsigned allowed) {
     if (allowed & way_bit(Way(w))) ways[n++] = Way(w);
   const uint64_t call = ++decided_;
   if (n <= 1) return use_ = n == 1 ? ways[0] : Way::kNormal;
-  uint64_t first_calls = 0;  // each way first for its uncounted calls and one counted
+  // Each way first for its uncounted calls and one counted; for messages that warm their buffers
+  // over many calls, the first way for kWarmCalls more (Note [Streaming into the slots]).
+  uint64_t first_calls = bytes < kWarmBelow ? kWarmCalls : 0;
   for (size_t i = 0; i < n; ++i)
-    if (call <= (first_calls += kUncounted[int(ways[i])] + 1)) return ways[i];
+    if (call <= (first_calls += uncounted(ways[i > 0 ? i - 1 : 0], ways[i]) + 1)) return ways[i];
   if (trial_left_ > 0 && (allowed & way_bit(tried_))) {  // a trial's calls after its first
     if (--trial_left_ == 0) {  // its counted call, whose time sets the next trial once it is in (took())
       next_try_[int(tried_)] = decided_ + kTryLeast;
@@ -45,10 +51,15 @@ Way WayChoice::decide(unsigned allowed) {
     return tried_;
   }
   trial_left_ = 0;
-  Way best = ways[0];  // the fastest way timed
+  // The fastest way timed, of those weighed: the first choice is among the ways through the slots,
+  // and the single copy is weighed from its first trial against the way in use on (Note [Streaming
+  // into the slots]).
+  if (!settled_) unweighed_ = allowed & way_bit(Way::kSingleCopy);
+  Way best = ways[0];
   bool untimed = false;
   for (size_t i = 0; i < n; ++i) {
     untimed = untimed || cost(ways[i]) == 0;
+    if (unweighed_ & way_bit(ways[i])) continue;
     if (cost(ways[i]) > 0 && (cost(best) == 0 || cost(ways[i]) < cost(best))) best = ways[i];
   }
   // Every allowed way has had its first calls, but the counted one of the last may not be timed yet (a
@@ -58,7 +69,18 @@ Way WayChoice::decide(unsigned allowed) {
   // The way in use has its times from the last few calls; the others' come from trials spread
   // over many more, and the fastest of those is luckier: switch only on a clear difference. The
   // first time every way has a time, the fastest is taken as it is.
-  if (!settled_ || !(allowed & way_bit(use_)) || cost(best) < kSwitchBelow * cost(use_)) {
+  bool take = !settled_ || !(allowed & way_bit(use_)) || cost(best) < kSwitchBelow * cost(use_);
+  // A way left out of the first choice is weighed, at its first trial, as that choice weighed: by
+  // the trial's time, taken where it is the faster.
+  if (weigh_now_ != 0) {
+    const Way w = Way(__builtin_ctz(weigh_now_));
+    weigh_now_ = 0;
+    if ((allowed & way_bit(w)) && latest(w) < cost(use_)) {
+      best = w;
+      take = true;
+    }
+  }
+  if (take) {
     // The way left behind is tried again soon, loud or not: its last times may come from a slow
     // spell of the machine, which slows every way, and the way taken has older times.
     if (settled_ && best != use_) {
@@ -79,7 +101,7 @@ Way WayChoice::decide(unsigned allowed) {
     // then left further behind than it was is tried later (schedule()).
     if (next_try_[int(w)] <= decided_ && scheduled_[int(w)] != 0) schedule(w, scheduled_[int(w)]);
     if (next_try_[int(w)] <= decided_ && trial_left_ == 0) {
-      trial_left_ = kUncounted[int(w)];  // this call and as many more, the last one counted
+      trial_left_ = uncounted(use_, w);  // this call and as many more, the last one counted
       tried_ = w;
     }
   }
@@ -95,12 +117,17 @@ Way WayChoice::decide(unsigned allowed) {
 void WayChoice::took(Way w, double per_byte) {
   quiet_ = false;
   const Way before = last_;  // the way of the last call timed
-  run_ = w == before ? run_ + 1 : 1;
+  if (w != before || run_ == 0) {
+    run_after_ = run_ == 0 ? w : before;
+    run_ = 0;
+  }
+  ++run_;
   last_ = w;
+  const int uncounted_calls = uncounted(run_after_, w);
   // Note [A spell after a trial]: the window after another way's calls closes past its last call,
   // or at a call of another way; the way in use's counted calls in it count.
   if (after_end_ != 0 && (decided_ > after_end_ || w != use_)) close_window();
-  if (after_end_ != 0 && run_ > kUncounted[int(w)]) {
+  if (after_end_ != 0 && run_ > uncounted_calls) {
     ++after_timed_;
     if (per_byte > kLoud * after_base_) after_over_ += per_byte / after_base_ - 1;
   }
@@ -130,10 +157,14 @@ void WayChoice::took(Way w, double per_byte) {
     trial_peak_ = std::max(trial_peak_, per_byte);
   }
   if (w == use_) leaving_ = false;
-  if (run_ <= kUncounted[int(w)]) return;
+  if (run_ <= uncounted_calls) return;
   Kept& k = kept_[int(w)];
   if (timed(w) == 0) first_timed_[int(w)] = decided_;
   k.times[k.next++ % kKept] = per_byte;
+  if (settled_ && (unweighed_ & way_bit(w))) {  // its first trial's time: weighed at the next choice
+    unweighed_ &= ~way_bit(w);
+    weigh_now_ |= way_bit(w);
+  }
   if (settled_ && w != use_ && !left) schedule(w, decided_);  // a trial's time: the next trial goes by it
 }
 
@@ -142,6 +173,11 @@ double WayChoice::cost(Way w) const {
   for (double t : kept_[int(w)].times)
     if (t > 0 && (best == 0 || t < best)) best = t;
   return best;
+}
+
+double WayChoice::latest(Way w) const {
+  const Kept& k = kept_[int(w)];
+  return k.next == 0 ? 0 : k.times[(k.next - 1) % kKept];
 }
 
 size_t WayChoice::timed(Way w) const {
@@ -185,7 +221,8 @@ void WayChoice::schedule(Way w, uint64_t from) {
   const bool colder = first_timed_[int(use_)] == 0 || first_timed_[int(w)] < first_timed_[int(use_)];
   uint64_t gap = uint64_t(std::clamp(share_gap, double(kTryClose), double(kTryMost)));
   if (timed(w) < 2 && !cold_most && spell == 0)
-    gap = colder ? uint64_t(std::clamp(share_gap, double(kTryLeast), double(kTryClose))) : kTryClose;
+    gap =
+        colder || cost(w) < in_use ? uint64_t(std::clamp(share_gap, double(kTryLeast), double(kTryClose))) : kTryClose;
   next_try_[int(w)] = from + gap;
   scheduled_[int(w)] = from;
 }

@@ -158,6 +158,42 @@
 // Open MPI 2.74-2.97; with the matmul before each call 2.79-2.91 against 3.04-3.13 (Open MPI
 // 2.83-2.86); beside a CPU-bound process 6.64-6.94 against 6.92-7.05 (Open MPI 2.77-6.72); 4 MiB
 // 682-724 against 720-727 us.
+// But the single copy needs no slots, and its calls leave them idle. Memory left idle for a few
+// milliseconds is slow again on these VMs (Note [Warm buffers] in bench/chorus_bench.cc), so its
+// times and theirs were not taken alike. On the 2-core AMD EPYC VM (Zen 3), W=2, 1 MiB all_gather,
+// rank 0's times of each call: normal stores tried after some 30 single copies took 161-194 us on
+// their first call and 119-144 on their second, the counted one, against the single copy's
+// 146-165; taken, they came down to 95-120 over ten calls and more, and with single copies turned
+// off the row took 122-141 us against 173-180 (chorus-bench, alternating rounds). And the first
+// calls of a size, which time each way in turn, run on buffers still warming up, normal stores'
+// most: their second call took 127-413 us, 1.3-2 times their time 40 calls later (b609d2a, which
+// chose no way below 4 MiB, went from 880 us to 84-90 over its first 25 calls), while streaming
+// stores and the single copy, timed after them, took close to their steady time; the first choice
+// took the single copy or streaming in most runs, and normal stores came back only at a trial,
+// after which they ran slower for tens of calls (Note [A spell after a trial]). So:
+//   - Below kWarmBelow (4 MiB a rank: a call takes under a millisecond, and the buffers warm over
+//     tens of calls), normal stores, the first way, go on for kWarmCalls more calls before the
+//     others are timed: 16 calls, by which b609d2a's took 1.0-1.5 times their steady time (1 MiB
+//     all_gather 85-109 us against 84-90 later, broadcast 54-70 against 35-50).
+//     From 4 MiB a call's first touches are the warming, and each way has its first calls only.
+//   - The first choice is among the ways through the slots. The single copy's time from the
+//     first calls only sets its first trial (8 calls on where it was the faster, kTryLeast; else as
+//     a way timed once after the way in use), and the time of that trial, three calls against a way
+//     through the slots in use and warm, is weighed as the first choice weighs, without
+//     kSwitchBelow's margin (the Xeon VM's 16 MiB all_gather, 8% faster by single copies).
+//   - After single copies, a way through the slots is counted on its third call, not its second,
+//     and its trials are three calls (uncounted()).
+// Timing the first way again after the others instead, at its third call, did not help: after
+// streaming stores it met their spell (a 1 MiB broadcast's normal stores at 224-248 us against
+// streaming's 63-70, where they took 35-45 once warm). chorus-bench at W=2 on the Zen 3 VM, 25
+// alternating rounds of each build, medians of the rounds in the VM's fast state (barrier under
+// 0.25 us; 16-18 rounds each), these rules against 15de51d's and b609d2a's: all_gather 1 MiB 127
+// us against 155 and 97, all_reduce 1 MiB 81 against 79 and 73, broadcast 1 MiB 38 against 36 and
+// 37, all_gather 64 KiB 7.2 against 6.8 and 6.3; 16 MiB within 3%. In its slow state (barrier
+// 0.33-0.52 us; 7-9 rounds each) 128 against 128 and 230 us, 106 against 101 and 245, 44 against
+// 44 and 145. What is left of the fast state's 1 MiB all_gather is the trials' (streaming stores
+// and the single copy at calls 55-59, 32 calls after the first choice) and the spell of slower
+// normal stores after them (97-111 us before, 125-146 for the 40 calls after).
 //
 // A call whose copies out the group's bytes leave to normal stores, of kStreamMinBytes or more a
 // rank, has a fourth way, normal stores into the slots and streaming ones out of them (Note
@@ -245,6 +281,10 @@ class WayChoice {
  public:
   // Messages at least this large per rank choose.
   static constexpr size_t kMinBytes = 16u << 10;
+  // Below this, a call's first way goes on for kWarmCalls more calls before the others are timed
+  // (Note [Streaming into the slots]).
+  static constexpr size_t kWarmBelow = 4u << 20;
+  static constexpr uint64_t kWarmCalls = 14;
   static constexpr size_t kKept = 3;           // times kept of each way; the fastest counts
   static constexpr double kSwitchBelow = 0.9;  // another way must be this much faster to switch
   // Trials of the other ways take about this share of the time of such calls: a way s times
@@ -268,25 +308,31 @@ class WayChoice {
   static constexpr uint64_t kAfterCalls = 24;
   // Calls of a way that are not counted where it follows another way (and at the first call): they
   // find the slots, or the pages the kernel pins, as the other way left them. A single copy reaches
-  // its pace on its third call (Note [Streaming into the slots]), the slots on their second.
+  // its pace on its third call (Note [Streaming into the slots]), the slots on their second, and
+  // on their third after single copies, which left them idle (uncounted()).
   static constexpr int kUncounted[kWays] = {1, 1, 2, 1};
+  // The calls of way w not counted after calls of way `before` (w itself: the first calls of a size).
+  static constexpr int uncounted(Way before, Way w) {
+    return kUncounted[int(w)] + (before == Way::kSingleCopy && w != Way::kSingleCopy ? 1 : 0);
+  }
 
   // Where the way in use goes on steadily, rank 0 times one call in about this many ticks() of its
   // calls, by the way's cost (Note [Timing a few calls]).
   static constexpr double kUntimedTicks = 50000;
 
   // The way of the call after the one being made, a call of `bytes` per rank, among the `allowed`
-  // ways (way_bit()s): each allowed way first (normal, streaming, single copy) for its kUncounted
-  // calls and one counted, then the way in use until another is clearly faster, but each other way
-  // for as many calls now and then (trials), the less often the slower it was. The first call goes
-  // the first allowed way.
+  // ways (way_bit()s): each allowed way first (normal, streaming, single copy) for its uncounted()
+  // calls and one counted, the first for kWarmCalls more below kWarmBelow; then the fastest of the ways
+  // through the slots, the way in use until another is clearly faster, but each other way for as
+  // many calls now and then (trials), the less often the slower it was. The first call goes the
+  // first allowed way.
   Way choose(unsigned allowed, size_t bytes);
   // Whether the call being made is timed (took()), as the last choose() decided with its way: every
   // call but where the way in use goes on steadily (Note [Timing a few calls]).
   bool timing() const { return timing_now_; }
   // What a call that went way `w` took per byte, in ticks(). Not counted: the first call, which
   // pays for first touches (page faults, cold caches) whichever way it goes, and the first
-  // kUncounted calls of a way after another, which find the slots as that way left them (W=2, 1 MiB
+  // uncounted() calls of a way after another, which find the slots as that way left them (W=2, 1 MiB
   // all_gather: the first call with normal stores after streaming ones took 98-115 us, the next ones 128-144).
   // A trial's time also sets when its way is tried next (schedule()).
   void took(Way w, double per_byte);
@@ -299,12 +345,13 @@ class WayChoice {
   // The fastest of the kept times: a call is only ever slowed (a preemption, an interrupt), so the
   // fastest of a few says what the way costs; 0 when none was timed yet.
   double cost(Way w) const;
-  size_t timed(Way w) const;  // how many times of way w are kept (at most kKept)
+  size_t timed(Way w) const;   // how many times of way w are kept (at most kKept)
+  double latest(Way w) const;  // the last time of way w kept; 0: none
   // Sets when way `w` is tried next, counting from call `from` (Note [Streaming into the slots]),
   // by its times so far and the way in use's.
   void schedule(Way w, uint64_t from);
-  Way decide(unsigned allowed);  // choose()'s way
-  void close_window();           // Note [A spell after a trial]
+  Way decide(unsigned allowed, size_t bytes);  // choose()'s way
+  void close_window();                         // Note [A spell after a trial]
   // The window after calls of way after_way_, from call after_from_ to after_end_ (0: none open):
   // the way in use's cost when it opened, and its counted calls in it, timed, and their time over
   // that cost, in that cost, where more than kLoud times it.
@@ -321,8 +368,9 @@ class WayChoice {
   bool timing_now_ = true;   // the call being made is timed
   bool timing_next_ = true;  // the call decided last is
   Way last_decided_ = Way::kNormal;
-  uint64_t decided_run_ = 0;  // calls decided in a row that go last_decided_
-  double untimed_ = 0;        // ticks() of the calls left untimed since the last timed one, by the way's cost
+  uint64_t decided_run_ = 0;          // calls decided in a row that go last_decided_
+  Way decided_after_ = Way::kNormal;  // the way decided before them (last_decided_ itself: none)
+  double untimed_ = 0;                // ticks() of the calls left untimed since the last timed one, by the way's cost
   Kept kept_[kWays];
   double peak_[kWays] = {};           // the slowest call of each way's last trial, or of the call back after it
   uint64_t next_try_[kWays] = {};     // the call that starts the next trial of each way; 0: none set
@@ -331,11 +379,14 @@ class WayChoice {
   uint64_t decided_ = 1;              // the call last decided (the first goes the first allowed way)
   Way use_ = Way::kNormal;            // the way in use
   bool settled_ = false;              // use_ was taken from every allowed way's time
+  unsigned unweighed_ = 0;            // way_bit()s of the ways left out of the choice until a trial of theirs is timed
+  unsigned weigh_now_ = 0;            // of those whose first trial's time came in, for the next choice to weigh
   int trial_left_ = 0;                // calls of the trial of way tried_ still to decide after the last one decided
   Way tried_ = Way::kNormal;
-  Way last_ = Way::kNormal;  // the way of the last call timed
-  int run_ = 0;              // calls timed in a row that went way last_
-  bool in_trial_ = false;    // the last call timed was a trial's, of way trial_way_
+  Way last_ = Way::kNormal;       // the way of the last call timed
+  int run_ = 0;                   // calls timed in a row that went way last_
+  Way run_after_ = Way::kNormal;  // the way of the call timed before them (last_ itself: none)
+  bool in_trial_ = false;         // the last call timed was a trial's, of way trial_way_
   Way trial_way_ = Way::kNormal;
   double trial_peak_ = 0;  // the slowest of its calls so far
   bool leaving_ = false;   // use_ was just changed from left_; no call of use_ timed since
