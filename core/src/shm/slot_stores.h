@@ -168,9 +168,9 @@
 // calls of a size, which time each way in turn, run on buffers still warming up, normal stores'
 // most: their second call took 127-413 us, 1.3-2 times their time 40 calls later (b609d2a, which
 // chose no way below 4 MiB, went from 880 us to 84-90 over its first 25 calls), while streaming
-// stores and the single copy, timed after them, took close to their steady time; the first choice
-// took the single copy or streaming in most runs, and normal stores came back only at a trial,
-// after which they ran slower for tens of calls (Note [A spell after a trial]). So:
+// stores and the single copy were timed after them, on warmer buffers; the first choice took the
+// single copy or streaming in most runs, and normal stores came back only at a trial, after which
+// they ran slower for tens of calls (Note [A spell after a trial]). So:
 //   - Below kWarmBelow (4 MiB a rank: a call takes under a millisecond, and the buffers warm over
 //     tens of calls), normal stores, the first way, go on for kWarmCalls more calls before the
 //     others are timed: 16 calls, by which b609d2a's took 1.0-1.5 times their steady time (1 MiB
