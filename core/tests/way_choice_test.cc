@@ -277,9 +277,9 @@ TEST(WayChoice, RankZeroTimesASingleCopyOnItsThirdCallInARow) {
   EXPECT_EQ(std::vector<Way>(went.begin() + 4, went.begin() + 10),
             (std::vector<Way>{Way::kSingleCopy, Way::kSingleCopy, Way::kSingleCopy, Way::kNormal, Way::kNormal,
                               Way::kNormal}));
-  // Streaming, timed once before it, on colder buffers, is tried again within 32 calls of the first
-  // choice (kTryClose: 50% slower), normal stores, the way left behind, 32 calls after they were
-  // left; both for three calls, the slots' pace after single copies (uncounted()).
+  // Streaming, timed once after normal stores first were (not on colder buffers), is tried again 32
+  // calls after the first choice (kTryClose), normal stores, the way left behind, 32 calls after
+  // they were left; both for three calls, the slots' pace after single copies (uncounted()).
   std::vector<int> others{1, 2, 3, 4};
   for (int call = 8; call <= 16; ++call) others.push_back(call);
   for (int call : {20, 41, 42, 43, 53, 54, 55, 89, 90, 91}) others.push_back(call);
