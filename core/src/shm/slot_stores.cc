@@ -7,18 +7,13 @@ namespace chorus::shm {
 Way WayChoice::choose(unsigned allowed, size_t bytes) {
   timing_now_ = timing_next_;
   const Way next = decide(allowed, bytes);
-  if (next != last_decided_) {
-    decided_after_ = decided_run_ == 0 ? next : last_decided_;
-    decided_run_ = 0;
-  }
-  ++decided_run_;
-  last_decided_ = next;
+  decided_run_.add(next);
   // Note [Timing a few calls]: steady where the way in use goes on past the calls a trial or a
   // change of way slows (the call back is timed for the trial's peak, the one after it counted),
   // and its cost is known; untimed_ then counts what the calls left untimed took, by that cost.
   const double in_use = cost(use_);
   const bool steady = settled_ && next == use_ && trial_left_ == 0 && !leaving_ &&
-                      decided_run_ > uint64_t(uncounted(decided_after_, use_)) + 1 && in_use > 0;
+                      decided_run_.calls > decided_run_.uncounted_calls() + 1 && in_use > 0;
   untimed_ = steady ? untimed_ + in_use * double(bytes) : 0;
   timing_next_ = !steady || untimed_ >= kUntimedTicks;
   if (timing_next_) untimed_ = 0;
@@ -116,18 +111,13 @@ Way WayChoice::decide(unsigned allowed, size_t bytes) {
 
 void WayChoice::took(Way w, double per_byte) {
   quiet_ = false;
-  const Way before = last_;  // the way of the last call timed
-  if (w != before || run_ == 0) {
-    run_after_ = run_ == 0 ? w : before;
-    run_ = 0;
-  }
-  ++run_;
-  last_ = w;
-  const int uncounted_calls = uncounted(run_after_, w);
+  const Way before = timed_run_.way;  // the way of the last call timed
+  timed_run_.add(w);
+  const bool counted = timed_run_.calls > timed_run_.uncounted_calls();
   // Note [A spell after a trial]: the window after another way's calls closes past its last call,
   // or at a call of another way; the way in use's counted calls in it count.
   if (after_end_ != 0 && (decided_ > after_end_ || w != use_)) close_window();
-  if (after_end_ != 0 && run_ > uncounted_calls) {
+  if (after_end_ != 0 && counted) {
     ++after_timed_;
     if (per_byte > kLoud * after_base_) after_over_ += per_byte / after_base_ - 1;
   }
@@ -157,7 +147,7 @@ void WayChoice::took(Way w, double per_byte) {
     trial_peak_ = std::max(trial_peak_, per_byte);
   }
   if (w == use_) leaving_ = false;
-  if (run_ <= uncounted_calls) return;
+  if (!counted) return;
   Kept& k = kept_[int(w)];
   if (timed(w) == 0) first_timed_[int(w)] = decided_;
   k.times[k.next++ % kKept] = per_byte;

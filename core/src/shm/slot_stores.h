@@ -367,10 +367,24 @@ class WayChoice {
   uint64_t quiet_until_ = 0;
   bool timing_now_ = true;   // the call being made is timed
   bool timing_next_ = true;  // the call decided last is
-  Way last_decided_ = Way::kNormal;
-  uint64_t decided_run_ = 0;          // calls decided in a row that go last_decided_
-  Way decided_after_ = Way::kNormal;  // the way decided before them (last_decided_ itself: none)
-  double untimed_ = 0;                // ticks() of the calls left untimed since the last timed one, by the way's cost
+  // Calls in a row that went one way, and the way before them.
+  struct Run {
+    Way way = Way::kNormal;
+    Way after = Way::kNormal;  // way itself: no call before them
+    uint64_t calls = 0;
+    void add(Way w) {
+      if (w != way || calls == 0) {
+        after = calls == 0 ? w : way;
+        calls = 0;
+      }
+      ++calls;
+      way = w;
+    }
+    // The first of them that find the slots as the way before left them (uncounted()).
+    uint64_t uncounted_calls() const { return uint64_t(uncounted(after, way)); }
+  };
+  Run decided_run_;     // of the calls decided
+  double untimed_ = 0;  // ticks() of the calls left untimed since the last timed one, by the way's cost
   Kept kept_[kWays];
   double peak_[kWays] = {};           // the slowest call of each way's last trial, or of the call back after it
   uint64_t next_try_[kWays] = {};     // the call that starts the next trial of each way; 0: none set
@@ -383,10 +397,8 @@ class WayChoice {
   unsigned weigh_now_ = 0;            // of those whose first trial's time came in, for the next choice to weigh
   int trial_left_ = 0;                // calls of the trial of way tried_ still to decide after the last one decided
   Way tried_ = Way::kNormal;
-  Way last_ = Way::kNormal;       // the way of the last call timed
-  int run_ = 0;                   // calls timed in a row that went way last_
-  Way run_after_ = Way::kNormal;  // the way of the call timed before them (last_ itself: none)
-  bool in_trial_ = false;         // the last call timed was a trial's, of way trial_way_
+  Run timed_run_;          // of the calls timed
+  bool in_trial_ = false;  // the last call timed was a trial's, of way trial_way_
   Way trial_way_ = Way::kNormal;
   double trial_peak_ = 0;  // the slowest of its calls so far
   bool leaving_ = false;   // use_ was just changed from left_; no call of use_ timed since
