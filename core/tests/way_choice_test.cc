@@ -383,6 +383,32 @@ TEST(WayChoice, RankZeroTriesSeldomAWayWhoseCallsSetOffASpell) {
   EXPECT_EQ(not_going(run_choice(short_spell, stores, 400, cost(3)), Way::kNormal), quiet_trials);
 }
 
+// But not a way timed once before the way in use, in the first calls: the calls after them run on
+// buffers still warming up, as its one time did, and it is tried again within kTryClose calls all
+// the same (Note [A spell after a trial]).
+TEST(WayChoice, RankZeroTriesAColderWaySoonWhateverTheFirstCallsSetOff) {
+  using shm::Way;
+  const unsigned stores = shm::way_bit(Way::kNormal) | shm::way_bit(Way::kStream);
+  // Normal stores 1.3 times streaming ones on their first calls; streaming taken, its first
+  // `spell` counted calls after them take 1.15 (over kLoud, but not enough to turn the choice).
+  auto cost = [](int spell) {
+    return [spell, streamed = 0](Way w, int) mutable {
+      if (w == Way::kNormal) return 1.3;
+      ++streamed;
+      return streamed > 1 && streamed <= 1 + spell ? 1.15 : 1.0;
+    };
+  };
+  // Normal stores first, streaming timed after them and taken at call 6; normal stores, timed
+  // before it, tried again 2 * 0.3 / 2% = 30 calls later (within kTryClose), and then, slower by
+  // more than kLoud on two times, not within the next 64 calls (kTryLoudOnTwo).
+  shm::WayChoice quiet;
+  EXPECT_EQ(not_going(run_choice(quiet, stores, 100, cost(0)), Way::kStream), (std::vector<int>{1, 2, 5, 37, 38}));
+  // A spell of 30 calls after the first calls counts 24 * 0.15 calls against normal stores, which
+  // would put their trial 210 calls on; it comes kTryClose calls after the window's first call.
+  shm::WayChoice spelled;
+  EXPECT_EQ(not_going(run_choice(spelled, stores, 100, cost(30)), Way::kStream), (std::vector<int>{1, 2, 5, 39, 40}));
+}
+
 // Each rank watches its own copies into the slots (Note [Falling back within a call]): normal
 // stores more than kFallBack times slower than its fastest streamed copy of such calls, kSlowInRow
 // copies in a row past the call's first kUnwatched, make the rest of the call's stores streaming

@@ -210,7 +210,9 @@ void WayChoice::schedule(Way w, uint64_t from) {
   const double share_gap = std::max((2 * (slower - 1) + spell) / kTryShare, double(loud_gap));
   const bool colder = first_timed_[int(use_)] == 0 || first_timed_[int(w)] < first_timed_[int(use_)];
   uint64_t gap = uint64_t(std::clamp(share_gap, double(kTryClose), double(kTryMost)));
-  if (timed(w) < 2 && !cold_most && spell == 0)
+  // A spell seen after the first calls does not put off a way timed once before the way in use: the
+  // window ran on buffers still warming, as that way's one time did.
+  if (timed(w) < 2 && !cold_most && (spell == 0 || colder))
     gap =
         colder || cost(w) < in_use ? uint64_t(std::clamp(share_gap, double(kTryLeast), double(kTryClose))) : kTryClose;
   next_try_[int(w)] = from + gap;

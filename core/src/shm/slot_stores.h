@@ -253,6 +253,14 @@
 // itself is taken for the trial's too, and the next trial comes late; a change of state that slows
 // the way in use is seen in its own times all the same, and one that speeds the other way up within
 // kTryMost calls.
+// But the window after the first calls runs on buffers still warming up, and a way timed there
+// before the way in use (normal stores, below kWarmBelow) was timed on colder ones: it is tried
+// again within kTryClose calls whatever spell the window saw, as such a way is (schedule()). On the
+// Zen 3 VM, W=2, 1 MiB broadcast (rank 0's times, a scratch build that logs them): normal stores at
+// 48.5 us on their 16th call, still coming down, and streaming at 44.5-45.7 taken; in the window
+// streaming took 56-58 us in 8 of its 24 calls and 112 in one, a spell that put normal stores'
+// trial past the run's 100 calls, all streamed at 44-46 us, where runs that tried normal stores
+// some 33 calls on took them at 29-41.
 #pragma once
 
 #include <cstddef>
