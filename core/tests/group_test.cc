@@ -112,7 +112,8 @@ TEST(ShmGroups, GroupsWithMoreRanksThanCoresGetDeepSlots) {
 
 // Note [Streaming into the slots]: rank 0's setting decides how the group stores large messages
 // into the slots, and the others follow it from the first phase on; with nothing said, rank 0
-// measures. Every combination gives the same results.
+// measures, and its first calls go every way in turn, the copies out streaming or not (Note
+// [Streaming out with the slots]). Every combination gives the same results.
 TEST(ShmGroups, RanksWithDifferentStreamSettingsUseRankZeros) {
   const std::optional<bool> choices[] = {std::nullopt, true, false};
   for (const auto& zero : choices)
@@ -123,12 +124,15 @@ TEST(ShmGroups, RanksWithDifferentStreamSettingsUseRankZeros) {
         options.shm.stream_slots = ctx.rank == 0 ? zero : one;
         auto comm = Communicator::create(ctx.store, ctx.rank, ctx.world, options);
         const size_t count = (size_t(1) << 20) + 7;  // 4 MiB of f32 and up choose
-        std::vector<float> x(count), b(count), all(2 * count);
-        for (int call = 0; call < 5; ++call) {  // rank 0's measuring tries both in its first calls
+        std::vector<float> x(count), y(count), b(count), all(2 * count);
+        for (int call = 0; call < 10; ++call) {  // rank 0's measuring tries the four ways in its first calls
           for (size_t i = 0; i < count; ++i) x[i] = float((ctx.rank + 1) * int(i % 1000) + call);
+          comm->all_reduce(x.data(), y.data(), count, DataType::Float32, ReduceOp::Sum);
           comm->all_reduce(x.data(), x.data(), count, DataType::Float32, ReduceOp::Sum);
-          for (size_t i : {size_t(0), count / 2, count - 1})
-            RANK_CHECK(x[i] == float(3 * int(i % 1000) + 2 * call), "all_reduce, call ", call);
+          for (size_t i : {size_t(0), count / 2, count - 1}) {
+            RANK_CHECK(y[i] == float(3 * int(i % 1000) + 2 * call), "all_reduce, call ", call);
+            RANK_CHECK(x[i] == y[i], "all_reduce in place, call ", call);
+          }
           for (size_t i = 0; i < count; ++i) b[i] = ctx.rank == 1 ? float(i % 977 + call) : -1.0f;
           comm->broadcast(b.data(), count, DataType::Float32, 1);
           RANK_CHECK(b[count - 1] == float((count - 1) % 977 + call), "broadcast, call ", call);

@@ -46,6 +46,17 @@
 // 4.04 and 5.26, broadcast 1.49 against 1.63 and 1.37: 16 MiB takes a few calls of each way to
 // choose, within chorus-bench's 20. Over 200 calls (6 rounds) against b609d2a: all_reduce 2.82
 // against 2.78 ms, all_gather 3.67 against 3.68, broadcast 1.26 against 1.51.
+// Which stores are best into the slots and which out of them is not one question, though: on the
+// 2-core Zen 3 VM (family 25 model 1, 32 MiB of L3 reported: a W=2 16 MiB all_reduce, 64 MiB of
+// buffers, copies out normally by the rule), in the state where its vCPUs share no cache (barrier
+// 0.31-0.41 us), rank 0 timed that all_reduce at 4.6-6.4 ms with normal stores both ways, 2.6-3.1
+// streaming into the slots, 4.5-6.5 streaming out, and took the second at 2.6-3.1 ms, where
+// b609d2a (streaming out from 4 MiB a rank, its stores into the slots timed) took 1.8-2.1. Streaming
+// both ways took 2.0-2.2. So that is a fifth way (Way::kStreamBoth), timed after the fourth: 40
+// alternating rounds of chorus-bench split by each round's barrier, in that state 2.16 ms against
+// 2.97 without it and b609d2a's 2.20, in the VM's other state 2.24 against 2.27 and 2.26, where
+// rank 0 took normal stores into the slots and streaming ones out (2.1-2.4 ms; streaming both
+// 2.4-3.5).
 #pragma once
 
 #include <cstddef>

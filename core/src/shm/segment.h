@@ -84,8 +84,8 @@ int create_shm_object(const std::string& who, const std::string& name, size_t by
 // knows the current call: a peer still finishing the call before may raise too, in a group that
 // is aborted either way.) Reading the flag costs nothing: the line is already in the cache.
 enum CallLineFlags : uint32_t {
-  kLineAborted = 1,  // this rank aborted the group
-  kLineNextWay = 6,  // rank 0's: the Way of the next call of this kind and size (Note [Streaming into the slots])
+  kLineAborted = 1,   // this rank aborted the group
+  kLineNextWay = 14,  // rank 0's: the Way of the next call of this kind and size (Note [Streaming into the slots])
 };
 constexpr uint32_t kLineWayShift = 1;  // the lowest bit of kLineNextWay
 struct alignas(kLine) CallLine {

@@ -106,13 +106,16 @@ SlotStores ShmGroup::slot_stores(OpKind kind, size_t bytes, OtherWays other) {
   unsigned allowed = way_bit(Way::kSingleCopy);
   if (!reads || single_copy_timed_)
     allowed = (reads ? way_bit(Way::kSingleCopy) : 0u) | (stream_slots_ != true ? way_bit(Way::kNormal) : 0u) |
-              (stream_slots_ != false ? way_bit(Way::kStream) : 0u) | (out_way ? way_bit(Way::kStreamOut) : 0u);
+              (stream_slots_ != false ? way_bit(Way::kStream) : 0u) |
+              (out_way ? way_bit(Way::kStreamOut) | way_bit(Way::kStreamBoth) : 0u);
   s.way = planned_[s.choice];
   if (allowed == way_bit(Way::kSingleCopy))
     s.way = Way::kSingleCopy;  // rank 0's setting says so
   else if ((s.way == Way::kSingleCopy && !reads) || (s.way == Way::kStreamOut && !out_way))
     s.way = Way::kNormal;  // single copies were stopped, on every rank at the same call; or, by a
                            // size of the same class, or in place, this call copies out no other way
+  else if (s.way == Way::kStreamBoth && !out_way)
+    s.way = Way::kStream;
   if (rank_ == 0 && !(allowed & way_bit(s.way))) s.way = Way(__builtin_ctz(allowed));  // rank 0's setting of the stores
   if (!stream_slots_) s.stream_pace = &stream_pace_[s.choice];  // Note [Falling back within a call]
   if (rank_ != 0) return s;

@@ -196,8 +196,8 @@
 // normal stores after them (97-111 us before, 125-146 for the 40 calls after).
 //
 // A call whose copies out the group's bytes leave to normal stores, of kStreamMinBytes or more a
-// rank, has a fourth way, normal stores into the slots and streaming ones out of them (Note
-// [Streaming out with the slots] in shm/copy.h), timed after the others.
+// rank, has a fourth way, normal stores into the slots and streaming ones out of them, and a fifth,
+// streaming both (Note [Streaming out with the slots] in shm/copy.h), timed after the others.
 //
 // With more ranks than cores as well: ranks that share a core share its caches, but half of the
 // transfers still cross between the cores. W=4 on the 2 cores, normal against streaming, in the
@@ -280,8 +280,9 @@ enum class Way : uint8_t {
   kStream,      // through the slots, streaming stores
   kSingleCopy,  // reading the peers' buffers (all_gathers only: Note [Single-copy collectives])
   kStreamOut,   // through the slots, normal stores, and streaming copies out (Note [Streaming out with the slots])
+  kStreamBoth,  // through the slots, streaming stores, and streaming copies out (the same Note)
 };
-constexpr int kWays = 4;
+constexpr int kWays = 5;
 constexpr unsigned way_bit(Way w) { return 1u << unsigned(w); }
 
 // Rank 0's choice of the way of one kind and size of call, one call ahead (Note [Streaming into the slots]).
@@ -318,7 +319,7 @@ class WayChoice {
   // find the slots, or the pages the kernel pins, as the other way left them. A single copy reaches
   // its pace on its third call (Note [Streaming into the slots]), the slots on their second, and
   // on their third after single copies, which left them idle (uncounted()).
-  static constexpr int kUncounted[kWays] = {1, 1, 2, 1};
+  static constexpr int kUncounted[kWays] = {1, 1, 2, 1, 1};
   // The calls of way w not counted after calls of way `before` (w itself: the first calls of a size).
   static constexpr int uncounted(Way before, Way w) {
     return kUncounted[int(w)] + (before == Way::kSingleCopy && w != Way::kSingleCopy ? 1 : 0);
@@ -465,10 +466,11 @@ struct OtherWays {
 // The way of one staged call (ShmGroup::slot_stores).
 struct SlotStores {
   Way way = Way::kNormal;
-  bool stream() const { return way == Way::kStream || fell_back(); }  // this rank's stores into its slot stream
+  // this rank's stores into its slot stream
+  bool stream() const { return way == Way::kStream || way == Way::kStreamBoth || fell_back(); }
   // Whether the call's copies into user buffers stream: where `group` (streams_out(): the group's
   // buffers outgrow the caches), or where its way says so (Note [Streaming out with the slots]).
-  bool stream_out(bool group) const { return group || way == Way::kStreamOut; }
+  bool stream_out(bool group) const { return group || way == Way::kStreamOut || way == Way::kStreamBoth; }
   bool large = false;    // the call is large enough to choose
   size_t choice = 0;     // choice_index() of the call
   uint64_t started = 0;  // rank 0's ticks() when it timed the call, from its first store; 0: untimed
