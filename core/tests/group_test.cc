@@ -238,9 +238,10 @@ TEST(ShmGroups, WritingIntoAPeerFailsCleanlyWhereTheKernelSaysNo) {
 // its chunks in the group's staging area once rank 0 has reserved it, and goes through the slots
 // alone where there is none or /dev/shm has no room for it. Each call's root has a CPU to itself and
 // its readers share the other one with a busy thread each, so the root finds them behind and goes
-// on into the staging area. Through tiny slots, from every root, back to back, with a call between
-// that uses the slots; messages of more chunks than the table of places has entries, and a staging
-// area so small that the chunks go round it many times. Every byte checked.
+// on into the staging area: at once with more ranks than cores, after waiting for a slot once where
+// every rank has a core (Note [Staging for readers away]). Through tiny slots, from every root, back
+// to back, with a call between that uses the slots; messages of more chunks than the table of places
+// has entries, and a staging area so small that the chunks go round it many times. Every byte checked.
 TEST(ShmGroups, ABroadcastThatOutgrowsTheSlotsStagesItsMessage) {
   struct statvfs fs {};
   ASSERT_EQ(statvfs("/dev/shm", &fs), 0);
@@ -251,69 +252,71 @@ TEST(ShmGroups, ABroadcastThatOutgrowsTheSlotsStagesItsMessage) {
   };
   std::vector<Case> cases = {{size_t(64) << 20, true}, {8192, true}, {0, false}};
   if (shm_size != 0) cases.push_back({shm_size + (1 << 20), false});  // more than /dev/shm holds
-  for (const Case& the : cases)
-    expect_all_ok(run_ranks(3, [&](RankContext& ctx) {
-      cpu_set_t allowed;
-      RANK_CHECK(sched_getaffinity(0, sizeof allowed, &allowed) == 0);
-      std::vector<int> cpus;
-      for (int cpu = 0; cpu < CPU_SETSIZE && cpus.size() < 2; ++cpu)
-        if (CPU_ISSET(cpu, &allowed)) cpus.push_back(cpu);
-      std::atomic<bool> done{false};
-      std::thread busy([&] {  // on the readers' CPU
-        if (cpus.size() < 2) return;
-        bind_to_cpu(cpus[1]);
-        while (!done.load(std::memory_order_relaxed)) {
-        }
-      });
-      struct Stop {
-        std::atomic<bool>& done;
-        std::thread& busy;
-        ~Stop() {
-          done = true;
-          busy.join();
-        }
-      } stop{done, busy};
-      BackendOptions options;
-      options.group_name = "staged";
-      options.deadline = Clock::now() + 60s;
-      options.shm.chunk_bytes = 512;
-      options.shm.stage_bytes = the.stage_bytes;
-      shm::ShmGroup g(*ctx.store, ctx.rank, ctx.world, options);
-      auto run = [&](OpKind kind, void* buf, size_t count, int root) {
-        Call c{.kind = kind, .dtype = DataType::UInt8, .root = root, .count = count, .out = buf};
-        c.start = Clock::now();
-        c.deadline = c.start + 60s;
-        if (cpus.size() >= 2) bind_to_cpu(ctx.rank == root ? cpus[0] : cpus[1]);
-        g.start(c);
-        if (kind == OpKind::Broadcast) return shm::broadcast(g, c);
-        c.in = buf;
-        shm::all_reduce(g, c);
-      };
-      // Every chunk differs from every other: a reader that copies the wrong place out is caught.
-      auto byte = [](int root, int call, size_t i) {
-        return uint8_t(((uint64_t(i) * 0x9E3779B97F4A7C15ull) >> 56) + uint64_t(root) * 31 + uint64_t(call) * 13);
-      };
-      // From each root a message of 40 chunks, then one of 1,200 and more, back to back: the next
-      // call may find the readers still copying the last one out. An all_reduce through the slots
-      // after the first root's.
-      int call = 0;
-      for (int root = 0; root < ctx.world; ++root)
-        for (size_t count : {size_t(20000), (size_t(600) << 10) + 13}) {
-          std::vector<uint8_t> buf(count);
-          for (size_t i = 0; i < count; ++i) buf[i] = ctx.rank == root ? byte(root, call, i) : 0xEE;
-          run(OpKind::Broadcast, buf.data(), count, root);
-          for (size_t i = 0; i < count; ++i)
-            RANK_CHECK(buf[i] == byte(root, call, i), "stage of ", the.stage_bytes, " bytes: broadcast of ", count,
-                       " from rank ", root, ", byte ", i, " is ", int(buf[i]));
-          ++call;
-          if (root != 0 || count == 20000) continue;
-          std::vector<uint8_t> ones(4099, 1);
-          run(OpKind::AllReduce, ones.data(), ones.size(), 0);
-          RANK_CHECK(ones.front() == 3 && ones.back() == 3, "all_reduce after a broadcast from rank ", root);
-        }
-      RANK_CHECK(g.stage_ready() == the.ready, "stage of ", the.stage_bytes, " bytes: ready ", g.stage_ready());
-      g.finish(Clock::now() + 30s);
-    }));
+  for (int world : {3, 2})
+    for (const Case& the : cases)
+      expect_all_ok(run_ranks(world, [&](RankContext& ctx) {
+        cpu_set_t allowed;
+        RANK_CHECK(sched_getaffinity(0, sizeof allowed, &allowed) == 0);
+        std::vector<int> cpus;
+        for (int cpu = 0; cpu < CPU_SETSIZE && cpus.size() < 2; ++cpu)
+          if (CPU_ISSET(cpu, &allowed)) cpus.push_back(cpu);
+        std::atomic<bool> done{false};
+        std::thread busy([&] {  // on the readers' CPU
+          if (cpus.size() < 2) return;
+          bind_to_cpu(cpus[1]);
+          while (!done.load(std::memory_order_relaxed)) {
+          }
+        });
+        struct Stop {
+          std::atomic<bool>& done;
+          std::thread& busy;
+          ~Stop() {
+            done = true;
+            busy.join();
+          }
+        } stop{done, busy};
+        BackendOptions options;
+        options.group_name = "staged";
+        options.deadline = Clock::now() + 60s;
+        options.shm.chunk_bytes = 512;
+        options.shm.stage_bytes = the.stage_bytes;
+        shm::ShmGroup g(*ctx.store, ctx.rank, ctx.world, options);
+        auto run = [&](OpKind kind, void* buf, size_t count, int root) {
+          Call c{.kind = kind, .dtype = DataType::UInt8, .root = root, .count = count, .out = buf};
+          c.start = Clock::now();
+          c.deadline = c.start + 60s;
+          if (cpus.size() >= 2) bind_to_cpu(ctx.rank == root ? cpus[0] : cpus[1]);
+          g.start(c);
+          if (kind == OpKind::Broadcast) return shm::broadcast(g, c);
+          c.in = buf;
+          shm::all_reduce(g, c);
+        };
+        // Every chunk differs from every other: a reader that copies the wrong place out is caught.
+        auto byte = [](int root, int call, size_t i) {
+          return uint8_t(((uint64_t(i) * 0x9E3779B97F4A7C15ull) >> 56) + uint64_t(root) * 31 + uint64_t(call) * 13);
+        };
+        // From each root a message of 40 chunks, then one of 1,200 and more, back to back: the next
+        // call may find the readers still copying the last one out. An all_reduce through the slots
+        // after the first root's.
+        int call = 0;
+        for (int root = 0; root < ctx.world; ++root)
+          for (size_t count : {size_t(20000), (size_t(600) << 10) + 13}) {
+            std::vector<uint8_t> buf(count);
+            for (size_t i = 0; i < count; ++i) buf[i] = ctx.rank == root ? byte(root, call, i) : 0xEE;
+            run(OpKind::Broadcast, buf.data(), count, root);
+            for (size_t i = 0; i < count; ++i)
+              RANK_CHECK(buf[i] == byte(root, call, i), "stage of ", the.stage_bytes, " bytes: broadcast of ", count,
+                         " from rank ", root, ", byte ", i, " is ", int(buf[i]));
+            ++call;
+            if (root != 0 || count == 20000) continue;
+            std::vector<uint8_t> ones(4099, 1);
+            run(OpKind::AllReduce, ones.data(), ones.size(), 0);
+            RANK_CHECK(ones.front() == world && ones.back() == world, "all_reduce after a broadcast from rank ", root);
+          }
+        RANK_CHECK(g.stage_ready() == the.ready, "W=", world, ", stage of ", the.stage_bytes, " bytes: ready ",
+                   g.stage_ready());
+        g.finish(Clock::now() + 30s);
+      }));
 }
 
 TEST(ShmGroups, AnOwedWaitIsPaidByTheNextCallAndNamesWhoFailedInTheLast) {

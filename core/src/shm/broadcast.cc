@@ -55,6 +55,18 @@
 // taken, gave the last rank of a 16 MiB broadcast at W=2 1.93-2.04 ms against the slots' 1.69-1.76:
 // the slots stay in cache, the staging area does not.
 //
+// Note [Staging for readers away]: with a core for every rank, a reader that still holds the next
+// slot is copying on a core of its own, most likely, and frees it within a chunk's copy. Going on
+// into the staging area then costs the root more than waiting: where the 2-core Zen 3 VM's vCPUs
+// share no cache (barrier 0.31-0.41 us), a W=2 64 MiB broadcast's root took 6.46 ms staging where
+// the slot was not free, 5.32 with no staging area and b609d2a's (two slots, no staging) 5.43, 60
+// alternating rounds of chorus-bench; where they share one, 5.40, 5.23 and 5.38. So there the root
+// waits for the slot as long as its own last chunk took, and stages as before once it was not freed
+// in that: the reader is away (preempted, or sharing its core with a busy thread), and from then on
+// for the rest of the call. 50 more rounds: 5.06 ms against 5.53 staging at once, 4.79 with none and
+// 4.99 for b609d2a in that state; 4.85, 4.74, 4.82 and 5.09 in the other. With more ranks than cores
+// a reader that holds the slot waits for a core, and the root stages at once.
+//
 // Note [The root first]: with more ranks than cores a reader shares its core with the root as
 // often as not, and then every chunk it copies while the root still writes takes the root's turn
 // on that core: the root of a 64 MiB broadcast at W=4 on 2 cores took two memcpys' time, its own
@@ -79,6 +91,7 @@
 
 #include "shm/algorithms.h"
 #include "shm/copy.h"
+#include "shm/waiter.h"
 
 namespace chorus::shm {
 
@@ -126,8 +139,17 @@ void broadcast_through_ring(ShmGroup& g, const Call& c, uint8_t* buf, size_t byt
     held[0] = 0;
     size_t next_slot = 1 % ring, next_staged = ring;
     auto is_free = [&](size_t j) { return held[j] < 0 || g.all_reached(base + 2 + uint32_t(held[j])); };
+    // Note [Staging for readers away]: with a core for every rank, the next slot is waited for as
+    // long as the root's last chunk took, until once it is not freed within that.
+    bool readers_away = g.world() > g.cores();
+    Clock::duration last_copy{};
     for (size_t k = 1; k < rounds; ++k) {
       size_t j = next_slot;
+      if (staged && !readers_away && !is_free(j)) {
+        const auto until = Clock::now() + last_copy;
+        while (!is_free(j) && Clock::now() < until) cpu_relax();
+        readers_away = !is_free(j);
+      }
       if (staged && !is_free(j) && (is_free(next_staged) || held[next_staged] < held[j])) j = next_staged;
       if (held[j] >= 0) g.wait_all(base + 2 + uint32_t(held[j]));
       if (j < ring)
@@ -136,7 +158,9 @@ void broadcast_through_ring(ShmGroup& g, const Call& c, uint8_t* buf, size_t byt
         next_staged = next_staged + 1 == places ? ring : next_staged + 1;
       held[j] = int64_t(k);
       if (staged) table[k % kPlaceEntries].store(uint32_t(j), std::memory_order_relaxed);
+      const auto copy_from = Clock::now();
       stores.copy_in(place(j), buf + k * chunk, in_round(bytes, chunk, k));
+      last_copy = Clock::now() - copy_from;
       g.post();  // phase base + 1 + k: chunk k is in
     }
     g.post_last();  // phase base + 1 + rounds, owed: every reader is done with the slots
