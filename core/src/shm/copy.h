@@ -55,8 +55,8 @@
 // both ways took 2.0-2.2. So that is a fifth way (Way::kStreamBoth), timed after the fourth: 40
 // alternating rounds of chorus-bench split by each round's barrier, in that state 2.16 ms against
 // 2.97 without it and b609d2a's 2.20, in the VM's other state 2.24 against 2.27 and 2.26, where
-// rank 0 took normal stores into the slots and streaming ones out (2.1-2.4 ms; streaming both
-// 2.4-3.5).
+// rank 0 took normal stores into the slots and streaming ones out (2.1-2.6 ms; streaming both
+// 3.0-3.5).
 #pragma once
 
 #include <cstddef>
