@@ -141,14 +141,14 @@ void broadcast_through_ring(ShmGroup& g, const Call& c, uint8_t* buf, size_t byt
     auto is_free = [&](size_t j) { return held[j] < 0 || g.all_reached(base + 2 + uint32_t(held[j])); };
     // Note [Staging for readers away]: with a core for every rank, the next slot is waited for as
     // long as the root's last chunk took, until once it is not freed within that.
-    bool readers_away = g.world() > g.cores();
-    Clock::duration last_copy{};
+    bool waits_for_slot = staged && g.world() <= g.cores();
+    Clock::duration last_copy{};  // timed only while the root may still wait
     for (size_t k = 1; k < rounds; ++k) {
       size_t j = next_slot;
-      if (staged && !readers_away && !is_free(j)) {
+      if (waits_for_slot && !is_free(j)) {
         const auto until = Clock::now() + last_copy;
         while (!is_free(j) && Clock::now() < until) cpu_relax();
-        readers_away = !is_free(j);
+        waits_for_slot = is_free(j);
       }
       if (staged && !is_free(j) && (is_free(next_staged) || held[next_staged] < held[j])) j = next_staged;
       if (held[j] >= 0) g.wait_all(base + 2 + uint32_t(held[j]));
@@ -158,9 +158,9 @@ void broadcast_through_ring(ShmGroup& g, const Call& c, uint8_t* buf, size_t byt
         next_staged = next_staged + 1 == places ? ring : next_staged + 1;
       held[j] = int64_t(k);
       if (staged) table[k % kPlaceEntries].store(uint32_t(j), std::memory_order_relaxed);
-      const auto copy_from = Clock::now();
+      const auto copy_from = waits_for_slot ? Clock::now() : Clock::time_point{};
       stores.copy_in(place(j), buf + k * chunk, in_round(bytes, chunk, k));
-      last_copy = Clock::now() - copy_from;
+      if (waits_for_slot) last_copy = Clock::now() - copy_from;
       g.post();  // phase base + 1 + k: chunk k is in
     }
     g.post_last();  // phase base + 1 + rounds, owed: every reader is done with the slots

@@ -115,7 +115,7 @@ SlotStores ShmGroup::slot_stores(OpKind kind, size_t bytes, OtherWays other) {
     s.way = Way::kNormal;  // single copies were stopped, on every rank at the same call; or, by a
                            // size of the same class, or in place, this call copies out no other way
   else if (s.way == Way::kStreamBoth && !out_way)
-    s.way = Way::kStream;
+    s.way = Way::kStream;  // the same, keeping its streaming stores into the slots
   if (rank_ == 0 && !(allowed & way_bit(s.way))) s.way = Way(__builtin_ctz(allowed));  // rank 0's setting of the stores
   if (!stream_slots_) s.stream_pace = &stream_pace_[s.choice];  // Note [Falling back within a call]
   if (rank_ != 0) return s;
